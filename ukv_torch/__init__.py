@@ -1,0 +1,12 @@
+"""ukv_torch: the DeepSeek-V4 unified KV pool as PyTorch custom ops and classes.
+
+`_C` is loaded before any Python registration (fake kernels, fake classes),
+because those refer to the schemas it defines.
+"""
+from ._loader import load_extension
+
+_build_info = load_extension()
+BACKEND = _build_info.BACKEND
+
+__version__ = "0.1.0"
+__all__ = ["BACKEND", "__version__"]
