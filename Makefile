@@ -48,7 +48,7 @@ demo: build
 	$(PYTHON) -m ukv_torch.demo
 
 bench: build cpp-test
-	$(BUILD_DIR)/bench_core --benchmark_min_time=0.2s
+	$(BUILD_DIR)/bench_core --benchmark_min_time=0.2
 	$(PYTHON) benchmarks/bench_allocator.py
 
 clean:

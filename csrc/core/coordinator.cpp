@@ -1,0 +1,246 @@
+#include "core/coordinator.h"
+
+#include <algorithm>
+
+#include "core/errors.h"
+
+namespace ukv {
+
+Coordinator::Coordinator(int64_t num_swa_base, std::vector<CompressTypeSpec> types, int64_t block_size)
+    : num_swa_base_(num_swa_base), block_size_(block_size) {
+  require(num_swa_base >= 0, "num_swa_base must be >= 0, got ", num_swa_base);
+  require(block_size > 0, "block_size must be > 0, got ", block_size);
+  pools_.reserve(types.size());
+  for (size_t t = 0; t < types.size(); ++t) {
+    const auto& spec = types[t];
+    require(spec.k > 0, "compress type ", t, ": k must be > 0, got ", spec.k);
+    require(spec.num_slots >= num_swa_base, "compress type ", t, ": num_slots (", spec.num_slots,
+            ") must be >= num_swa_base (", num_swa_base, "): every SWA slot must exist in every layer tensor");
+    pools_.emplace_back(spec.num_slots, spec.k, block_size, num_swa_base);
+  }
+  swa_state_.assign(static_cast<size_t>(num_swa_base), SwaState::Available);
+  busy_.assign(static_cast<size_t>(num_swa_base), 0);
+  cached_.assign(static_cast<size_t>(num_swa_base), 0);
+  swa_free_ = SlotList(num_swa_base);
+  for (int64_t s = 0; s < num_swa_base; ++s) {
+    for (auto& p : pools_) p.reserve_slot(s);  // compress starts in its own region
+    swa_free_.push_back(s);
+  }
+  available_unreleased_ = num_swa_base;
+}
+
+const TypePool& Coordinator::pool(int64_t type) const {
+  check_type(type, "pool");
+  return pools_[static_cast<size_t>(type)];
+}
+
+void Coordinator::check_type(int64_t type, const char* what) const {
+  require(type >= 0 && type < num_types(), what, ": compress type ", type, " out of range [0, ", num_types(), ")");
+}
+
+void Coordinator::check_swa_slot(int64_t slot, const char* what) const {
+  require(slot >= 0 && slot < num_swa_base_, what, ": SWA slot ", slot, " out of range [0, ", num_swa_base_, ")");
+}
+
+void Coordinator::reserve_in_all_pools(int64_t slot) {
+  for (auto& p : pools_) p.reserve_slot(slot);
+}
+
+bool Coordinator::is_free_swa(int64_t slot) const {
+  check_swa_slot(slot, "is_free_swa");
+  return swa_free_.contains(slot);
+}
+
+bool Coordinator::swa_slot_is_held(int64_t slot) const {
+  check_swa_slot(slot, "swa_slot_is_held");
+  return swa_state_[static_cast<size_t>(slot)] == SwaState::Held;
+}
+
+int64_t Coordinator::alloc_swa() {
+  require<OutOfSlots>(!swa_free_.empty(), "No free SWA slots available");
+  const int64_t slot = swa_free_.front();
+  take_swa_slot(slot);
+  ++counters_.swa_allocs;
+  return slot;
+}
+
+void Coordinator::claim_swa(int64_t slot) {
+  check_swa_slot(slot, "claim_swa");
+  require<StateError>(swa_free_.contains(slot), "claim_swa: SWA slot ", slot, " is not free (",
+                      swa_slot_is_held(slot) ? "held by SWA" : "borrowed by compress", ")");
+  take_swa_slot(slot);
+  ++counters_.swa_claims;
+}
+
+void Coordinator::take_swa_slot(int64_t slot) {
+  swa_free_.erase(slot);
+  auto& state = swa_state_[static_cast<size_t>(slot)];
+  if (state == SwaState::Released) reserve_in_all_pools(slot); else --available_unreleased_;
+  state = SwaState::Held;
+  cached_[static_cast<size_t>(slot)] = 0;
+}
+
+void Coordinator::free_swa(int64_t slot) {
+  check_swa_slot(slot, "free_swa");
+  require<StateError>(swa_slot_is_held(slot), "free_swa: SWA slot ", slot, " is not held by SWA (double free?)");
+  for (auto& p : pools_) p.release_slot(slot);
+  swa_state_[static_cast<size_t>(slot)] = SwaState::Released;
+  cached_[static_cast<size_t>(slot)] = 1;  // its rows may back a lazily cached SWA block
+  swa_free_.push_back(slot);
+  ++counters_.swa_frees;
+}
+
+int64_t Coordinator::alloc_compress(int64_t type) {
+  check_type(type, "alloc_compress");
+  int64_t opened = -1;
+  const int64_t phys = pools_[static_cast<size_t>(type)].alloc_compress(&opened);
+  if (opened >= 0 && opened < num_swa_base_) {
+    // A borrowed released slot: SWA may no longer take it, and whatever SWA
+    // block it cached is gone the moment compress writes into it.
+    const auto s = static_cast<size_t>(opened);
+    if (busy_[s]++ == 0) swa_free_.erase(opened);
+    if (cached_[s]) {
+      cached_[s] = 0;
+      ++counters_.swa_evictions;
+      if (listener_) listener_(opened); else evicted_.push_back(opened);
+    }
+  }
+  return phys;
+}
+
+void Coordinator::free_compress(int64_t type, int64_t phys) {
+  check_type(type, "free_compress");
+  auto& p = pools_[static_cast<size_t>(type)];
+  const bool slot_freed = p.free_compress(phys);
+  const int64_t slot = phys / p.blocks_per_slot();
+  if (slot_freed && slot < num_swa_base_ && --busy_[static_cast<size_t>(slot)] == 0) swa_free_.push_back(slot);
+}
+
+int64_t Coordinator::slots_needed(int64_t type, int64_t blocks) const {
+  const TypePool& p = pools_[static_cast<size_t>(type)];
+  const int64_t beyond_own = blocks - p.free_own_compress_blocks();
+  if (beyond_own <= 0) return 0;
+  return (beyond_own + p.blocks_per_slot() - 1) / p.blocks_per_slot();
+}
+
+bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>& compress_demand) const {
+  require(static_cast<int64_t>(compress_demand.size()) == num_types(), "can_allocate_jointly: compress_demand has ",
+          compress_demand.size(), " entries, expected one per compress type (", num_types(), ")");
+  require(n_swa >= 0, "can_allocate_jointly: n_swa must be >= 0, got ", n_swa);
+  const int64_t swa_demand = enabled() ? n_swa : 0;  // a disabled SWA space ignores SWA demand
+  // Released slots SWA could take from under a compress pool's shared list.
+  const int64_t swa_takes_released = std::min(swa_demand, swa_free_.size() - available_unreleased_);
+  int64_t swa_space_used = swa_demand;
+  for (int64_t t = 0; t < num_types(); ++t) {
+    const int64_t demand = compress_demand[static_cast<size_t>(t)];
+    require(demand >= 0, "can_allocate_jointly: compress_demand[", t, "] must be >= 0, got ", demand);
+    const TypePool& p = pools_[static_cast<size_t>(t)];
+    if (!p.enabled() || demand == 0) continue;
+    const int64_t borrow = slots_needed(t, demand);
+    if (borrow > p.free_shared_slots() - swa_takes_released) return false;
+    swa_space_used += borrow;  // each borrowed slot may be one SWA could have used
+  }
+  return swa_space_used <= swa_free_.size();
+}
+
+std::vector<int64_t> Coordinator::take_evicted_swa() {
+  std::vector<int64_t> out(evicted_.begin(), evicted_.end());
+  evicted_.clear();
+  return out;
+}
+
+void Coordinator::check_invariants() const {
+  for (const auto& p : pools_) p.check_invariants();
+  int64_t unreleased = 0;
+  for (int64_t s = 0; s < num_swa_base_; ++s) {
+    const auto i = static_cast<size_t>(s);
+    int32_t busy = 0;
+    for (const auto& p : pools_) {
+      const SlotOwner o = p.owner(s);
+      require<StateError>(o != SlotOwner::Swa, "shared slot ", s, " held through a pool's own SWA role");
+      require<StateError>((o == SlotOwner::Reserved) == (swa_state_[i] != SwaState::Released), "shared slot ", s,
+                          " reservation does not match its SWA state");
+      busy += o == SlotOwner::Compress;
+    }
+    require<StateError>(busy == busy_[i], "shared slot ", s, " busy count");
+    const bool available = swa_state_[i] == SwaState::Available || (swa_state_[i] == SwaState::Released && busy == 0);
+    require<StateError>(swa_free_.contains(s) == available, "shared slot ", s, " SWA free-list membership");
+    require<StateError>(!cached_[i] || (swa_state_[i] == SwaState::Released && busy == 0), "shared slot ", s,
+                        " is marked cached while not a free released slot");
+    unreleased += swa_state_[i] == SwaState::Available;
+  }
+  require<StateError>(unreleased == available_unreleased_, "unreleased-available counter");
+}
+
+std::vector<int64_t> Coordinator::to_state() const {
+  std::vector<int64_t> st = {num_swa_base_, block_size_, num_types()};
+  for (const auto& p : pools_) st.insert(st.end(), {p.k(), p.num_slots()});
+  for (const auto& p : pools_) {
+    const auto ps = p.to_state();
+    st.push_back(static_cast<int64_t>(ps.size()));
+    st.insert(st.end(), ps.begin(), ps.end());
+  }
+  for (int64_t s = 0; s < num_swa_base_; ++s) {
+    st.push_back(static_cast<int64_t>(swa_state_[static_cast<size_t>(s)]));
+    st.push_back(cached_[static_cast<size_t>(s)]);
+  }
+  const auto order = swa_free_.to_vector();
+  st.push_back(static_cast<int64_t>(order.size()));
+  st.insert(st.end(), order.begin(), order.end());
+  st.push_back(static_cast<int64_t>(evicted_.size()));
+  st.insert(st.end(), evicted_.begin(), evicted_.end());
+  st.insert(st.end(), {counters_.swa_allocs, counters_.swa_frees, counters_.swa_claims, counters_.swa_evictions});
+  return st;
+}
+
+Coordinator Coordinator::from_state(const std::vector<int64_t>& st) {
+  size_t i = 0;
+  auto next = [&]() -> int64_t {
+    require(i < st.size(), "Coordinator state is truncated");
+    return st[i++];
+  };
+  const int64_t base = next(), bs = next(), ntypes = next();
+  require(ntypes >= 0 && ntypes <= 64, "Coordinator state: bad type count ", ntypes);
+  std::vector<CompressTypeSpec> specs;
+  for (int64_t t = 0; t < ntypes; ++t) specs.push_back({next(), next()});
+  Coordinator c(base, specs, bs);
+  for (auto& p : c.pools_) {
+    const int64_t len = next();
+    require(len >= 0 && i + static_cast<size_t>(len) <= st.size(), "Coordinator state: bad pool state length");
+    std::vector<int64_t> ps(st.begin() + static_cast<std::ptrdiff_t>(i), st.begin() + static_cast<std::ptrdiff_t>(i + len));
+    i += static_cast<size_t>(len);
+    p = TypePool::from_state(ps);
+  }
+  c.available_unreleased_ = 0;
+  for (int64_t s = 0; s < base; ++s) {
+    const int64_t state = next(), cached = next();
+    require(state >= 0 && state <= 2 && (cached == 0 || cached == 1), "Coordinator state: bad SWA slot record");
+    c.swa_state_[static_cast<size_t>(s)] = static_cast<SwaState>(state);
+    c.cached_[static_cast<size_t>(s)] = static_cast<uint8_t>(cached);
+    c.available_unreleased_ += state == static_cast<int64_t>(SwaState::Available);
+    int32_t busy = 0;
+    for (const auto& p : c.pools_) busy += p.owner(s) == SlotOwner::Compress;
+    c.busy_[static_cast<size_t>(s)] = busy;
+  }
+  c.swa_free_ = SlotList(base);
+  const int64_t nfree = next();
+  require(nfree >= 0 && nfree <= base, "Coordinator state: bad SWA free-list length");
+  for (int64_t j = 0; j < nfree; ++j) {
+    const int64_t s = next();
+    require(s >= 0 && s < base && !c.swa_free_.contains(s), "Coordinator state: bad SWA free-list member ", s);
+    c.swa_free_.push_back(s);
+  }
+  const int64_t nevicted = next();
+  require(nevicted >= 0, "Coordinator state: bad eviction queue length");
+  for (int64_t j = 0; j < nevicted; ++j) c.evicted_.push_back(next());
+  c.counters_ = {next(), next(), next(), next()};
+  require(i == st.size(), "Coordinator state has ", st.size() - i, " trailing values");
+  try {
+    c.check_invariants();
+  } catch (const StateError& e) {
+    throw InvalidArgument(std::string("Coordinator state is inconsistent: ") + e.what());
+  }
+  return c;
+}
+
+}  // namespace ukv

@@ -1,0 +1,111 @@
+// Coordinator: the "option-2" unified KV pool (SPEC.md §1.5.3), generalised to
+// any list of compress types.
+//
+// One SWA slot space [0, num_swa_base) is valid in every layer tensor (dense
+// and every compress type), so an SWA id means the same 128 rows everywhere.
+// Each compress type has its own TypePool over its own tensor: slots
+// [0, num_swa_base) are shared with SWA, the rest are the type's own region.
+//
+//  - SWA may take slot s only when s is free in every compress pool.
+//  - A compress type may take s only when SWA does not hold it; it prefers its
+//    own region and borrows the longest-released SWA slot last (H5).
+//  - When a compress type first borrows a released slot that may still back a
+//    cached SWA block, that cache entry is evicted exactly once, before the
+//    allocating call returns (C3, H-a): the eviction listener runs
+//    synchronously, and the slot is also queued for take_evicted_swa().
+//  - has_free_swa / has_free_compress are O(1) counters and exact (H-b).
+//  - can_allocate_jointly answers for an SWA demand and per-type compress
+//    demands together, never counting one slot for two roles (H2).
+//
+// Every failing operation throws (errors.h) and leaves the state unchanged.
+// Deterministic: the same calls give the same ids. Not thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <vector>
+
+#include "core/slot_list.h"
+#include "core/type_pool.h"
+
+namespace ukv {
+
+struct CompressTypeSpec {
+  int64_t k;          // rows per compress block (CSA 32, HCA 1 at block 128)
+  int64_t num_slots;  // slots of this type's tensor (>= num_swa_base)
+};
+
+struct CoordinatorCounters {
+  int64_t swa_allocs = 0, swa_frees = 0, swa_claims = 0;
+  int64_t swa_evictions = 0;  // cached SWA entries dropped because compress borrowed the slot
+};
+
+class Coordinator {
+ public:
+  using EvictListener = std::function<void(int64_t swa_slot)>;
+
+  Coordinator(int64_t num_swa_base, std::vector<CompressTypeSpec> types, int64_t block_size = 128);
+
+  int64_t num_swa_base() const { return num_swa_base_; }
+  int64_t block_size() const { return block_size_; }
+  int64_t num_types() const { return static_cast<int64_t>(pools_.size()); }
+  bool enabled() const { return num_swa_base_ > 0; }
+  const TypePool& pool(int64_t type) const;
+
+  // --- SWA role ---
+  int64_t alloc_swa();
+  void free_swa(int64_t slot);
+  void claim_swa(int64_t slot);  // SWA cache-hit reclaim of a specific available slot
+  bool is_free_swa(int64_t slot) const;
+  bool has_free_swa(int64_t n) const { return !enabled() || swa_free_.size() >= n; }
+  int64_t free_swa_slots() const { return swa_free_.size(); }
+  bool swa_slot_is_held(int64_t slot) const;
+
+  // --- compress role ---
+  int64_t alloc_compress(int64_t type);
+  void free_compress(int64_t type, int64_t phys);
+  bool has_free_compress(int64_t type, int64_t n) const { return pool(type).has_free_compress(n); }
+  int64_t free_compress_blocks(int64_t type) const { return pool(type).free_compress_blocks(); }
+
+  // True when n_swa SWA allocations and compress_demand[t] allocations of each
+  // type t, made in any order from the current state, all succeed.
+  bool can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>& compress_demand) const;
+
+  // --- cross-role eviction ---
+  void set_evict_listener(EvictListener listener) { listener_ = std::move(listener); }
+  std::vector<int64_t> take_evicted_swa();  // slots evicted since the last call, in order
+  int64_t pending_evictions() const { return static_cast<int64_t>(evicted_.size()); }
+
+  const CoordinatorCounters& counters() const { return counters_; }
+  void check_invariants() const;
+
+  std::vector<int64_t> to_state() const;
+  static Coordinator from_state(const std::vector<int64_t>& state);
+
+ private:
+  enum class SwaState : uint8_t { Available = 0, Held = 1, Released = 2 };
+
+  void check_type(int64_t type, const char* what) const;
+  void check_swa_slot(int64_t slot, const char* what) const;
+  void reserve_in_all_pools(int64_t slot);
+  void take_swa_slot(int64_t slot);  // an available slot becomes SWA-held
+  int64_t slots_needed(int64_t type, int64_t blocks) const;
+
+  int64_t num_swa_base_, block_size_;
+  std::vector<TypePool> pools_;
+  // Per shared slot: Available = reserved in every pool, SWA may take it;
+  // Held = SWA owns it; Released = SWA freed it to the pools (SWA may take it
+  // back while busy_[s] == 0, i.e. no pool has compress blocks in it).
+  std::vector<SwaState> swa_state_;
+  std::vector<int32_t> busy_;      // pools holding compress blocks in a released slot
+  std::vector<uint8_t> cached_;    // released slot may still back a cached SWA block
+  SlotList swa_free_;              // slots SWA may take now, FIFO
+  int64_t available_unreleased_ = 0;  // members of swa_free_ in state Available
+  std::deque<int64_t> evicted_;
+  EvictListener listener_;
+  CoordinatorCounters counters_;
+};
+
+}  // namespace ukv

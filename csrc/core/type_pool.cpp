@@ -1,0 +1,288 @@
+#include "core/type_pool.h"
+
+#include <algorithm>
+
+#include "core/errors.h"
+#include "core/sizing.h"
+
+namespace ukv {
+
+const char* slot_owner_name(SlotOwner owner) {
+  switch (owner) {
+    case SlotOwner::Free: return "free";
+    case SlotOwner::Reserved: return "reserved";
+    case SlotOwner::Swa: return "SWA";
+    case SlotOwner::Compress: return "compress";
+  }
+  return "?";
+}
+
+namespace {
+constexpr int64_t kWordBits = 64;
+
+int64_t validated_blocks_per_slot(int64_t k, int64_t block_size) {
+  require(block_size > 0, "block_size must be > 0, got ", block_size);
+  require(k >= 0, "k must be >= 0 (0 = SWA-only pool), got ", k);
+  if (k == 0) return 0;
+  require(k <= block_size && block_size % k == 0, "k (rows per compress block) must divide block_size ",
+          block_size, ", got ", k);
+  return block_size / k;
+}
+}  // namespace
+
+TypePool::TypePool(int64_t num_slots, int64_t k, int64_t block_size, int64_t shared_slots)
+    : num_slots_(num_slots), k_(k), block_size_(block_size), shared_slots_(shared_slots),
+      blocks_per_slot_(validated_blocks_per_slot(k, block_size)) {
+  require(num_slots >= 0, "num_slots must be >= 0, got ", num_slots);
+  require(num_slots <= kMaxRows / block_size, "num_slots ", num_slots, " x block_size ", block_size,
+          " rows exceed the int32 row limit");
+  require(shared_slots >= 0 && shared_slots <= num_slots, "shared_slots must be in [0, num_slots=", num_slots,
+          "], got ", shared_slots);
+  words_per_slot_ = (blocks_per_slot_ + kWordBits - 1) / kWordBits;
+  owner_.assign(static_cast<size_t>(num_slots), SlotOwner::Free);
+  own_free_ = SlotList(num_slots);
+  shared_free_ = SlotList(num_slots);
+  open_ = SlotList(num_slots);
+  free_subs_.assign(static_cast<size_t>(num_slots * words_per_slot_), 0);
+  used_subs_.assign(static_cast<size_t>(num_slots), 0);
+  for (int64_t s = 0; s < num_slots; ++s) free_list_of(s).push_back(s);
+  held_[static_cast<size_t>(SlotOwner::Free)] = num_slots;
+}
+
+void TypePool::check_slot(int64_t slot, const char* what) const {
+  require(slot >= 0 && slot < num_slots_, what, ": slot ", slot, " out of range [0, ", num_slots_, ")");
+}
+
+void TypePool::check_compress_id(int64_t phys, const char* what) const {
+  require(blocks_per_slot_ > 0, what, ": this pool has no compress role (k = 0)");
+  require(phys >= 0 && phys < num_compress_ids(), what, ": compress id ", phys, " out of range [0, ",
+          num_compress_ids(), ")");
+}
+
+SlotOwner TypePool::owner(int64_t slot) const {
+  check_slot(slot, "owner");
+  return owner_[static_cast<size_t>(slot)];
+}
+
+bool TypePool::slot_is_free(int64_t slot) const { return owner(slot) == SlotOwner::Free; }
+
+void TypePool::take_free_slot(int64_t slot, SlotOwner to) {
+  free_list_of(slot).erase(slot);
+  owner_[static_cast<size_t>(slot)] = to;
+  --held_[static_cast<size_t>(SlotOwner::Free)];
+  ++held_[static_cast<size_t>(to)];
+}
+
+void TypePool::put_free_slot(int64_t slot) {
+  --held_[static_cast<size_t>(owner_[static_cast<size_t>(slot)])];
+  owner_[static_cast<size_t>(slot)] = SlotOwner::Free;
+  ++held_[static_cast<size_t>(SlotOwner::Free)];
+  free_list_of(slot).push_back(slot);
+}
+
+bool TypePool::reserve_slot(int64_t slot) {
+  if (!slot_is_free(slot)) return false;
+  take_free_slot(slot, SlotOwner::Reserved);
+  return true;
+}
+
+void TypePool::release_slot(int64_t slot) {
+  const SlotOwner o = owner(slot);
+  if (o == SlotOwner::Free) return;
+  require<StateError>(o == SlotOwner::Reserved, "release_slot: slot ", slot, " is held by ", slot_owner_name(o),
+                      ", not reserved");
+  put_free_slot(slot);
+}
+
+bool TypePool::has_free_swa(int64_t n) const { return !enabled() || free_slots() >= n; }
+
+int64_t TypePool::alloc_swa() {
+  SlotList& from = shared_free_.empty() ? own_free_ : shared_free_;
+  require<OutOfSlots>(!from.empty(), "No free SWA slots available");
+  const int64_t slot = from.front();
+  take_free_slot(slot, SlotOwner::Swa);
+  ++counters_.swa_allocs;
+  return slot;
+}
+
+void TypePool::free_swa(int64_t slot) {
+  const SlotOwner o = owner(slot);
+  require<StateError>(o == SlotOwner::Swa, "free_swa: slot ", slot, " is ", slot_owner_name(o),
+                      ", not held by SWA (double free?)");
+  put_free_slot(slot);
+  ++counters_.swa_frees;
+}
+
+void TypePool::claim_swa(int64_t slot) {
+  const SlotOwner o = owner(slot);
+  require<StateError>(o == SlotOwner::Free, "claim_swa: slot ", slot, " is ", slot_owner_name(o), ", not free");
+  take_free_slot(slot, SlotOwner::Swa);
+  ++counters_.swa_allocs;
+}
+
+bool TypePool::has_free_compress(int64_t n) const {
+  return !enabled() || blocks_per_slot_ == 0 || free_compress_blocks() >= n;
+}
+
+bool TypePool::sub_is_free(int64_t slot, int64_t sub) const {
+  const uint64_t word = free_subs_[static_cast<size_t>(slot * words_per_slot_ + sub / kWordBits)];
+  return (word >> (sub % kWordBits)) & 1u;
+}
+
+void TypePool::set_sub_free(int64_t slot, int64_t sub, bool is_free) {
+  uint64_t& word = free_subs_[static_cast<size_t>(slot * words_per_slot_ + sub / kWordBits)];
+  const uint64_t bit = uint64_t{1} << (sub % kWordBits);
+  word = is_free ? (word | bit) : (word & ~bit);
+}
+
+int64_t TypePool::first_free_sub(int64_t slot) const {
+  for (int64_t w = 0; w < words_per_slot_; ++w) {
+    const uint64_t word = free_subs_[static_cast<size_t>(slot * words_per_slot_ + w)];
+    if (word != 0) return w * kWordBits + __builtin_ctzll(word);
+  }
+  return -1;
+}
+
+bool TypePool::compress_id_is_held(int64_t phys) const {
+  check_compress_id(phys, "compress_id_is_held");
+  const int64_t slot = phys / blocks_per_slot_;
+  return owner_[static_cast<size_t>(slot)] == SlotOwner::Compress && !sub_is_free(slot, phys % blocks_per_slot_);
+}
+
+int64_t TypePool::alloc_compress(int64_t* opened_slot) {
+  require(blocks_per_slot_ > 0, "alloc_compress: this pool has no compress role (k = 0)");
+  if (opened_slot) *opened_slot = -1;
+  if (!open_.empty()) {
+    const int64_t slot = open_.front();
+    const int64_t sub = first_free_sub(slot);
+    set_sub_free(slot, sub, false);
+    --open_free_blocks_;
+    if (++used_subs_[static_cast<size_t>(slot)] == blocks_per_slot_) open_.erase(slot);
+    ++counters_.compress_allocs;
+    return slot * blocks_per_slot_ + sub;
+  }
+  // Own region first; borrow the longest-free shared slot only when it is empty.
+  SlotList& from = own_free_.empty() ? shared_free_ : own_free_;
+  require<OutOfSlots>(!from.empty(), "No free KV slots available");
+  const int64_t slot = from.front();
+  if (&from == &shared_free_) ++counters_.borrows;
+  take_free_slot(slot, SlotOwner::Compress);
+  for (int64_t sub = 1; sub < blocks_per_slot_; ++sub) set_sub_free(slot, sub, true);
+  used_subs_[static_cast<size_t>(slot)] = 1;
+  open_free_blocks_ += blocks_per_slot_ - 1;
+  if (blocks_per_slot_ > 1) open_.push_back(slot);
+  ++counters_.compress_allocs;
+  if (opened_slot) *opened_slot = slot;
+  return slot * blocks_per_slot_;
+}
+
+bool TypePool::free_compress(int64_t phys) {
+  check_compress_id(phys, "free_compress");
+  const int64_t slot = phys / blocks_per_slot_, sub = phys % blocks_per_slot_;
+  const SlotOwner o = owner_[static_cast<size_t>(slot)];
+  require<StateError>(o == SlotOwner::Compress && !sub_is_free(slot, sub), "free_compress: compress id ", phys,
+                      " is not held (slot ", slot, " is ", slot_owner_name(o),
+                      o == SlotOwner::Compress ? ", block already free: double free?)" : ")");
+  ++counters_.compress_frees;
+  int32_t& used = used_subs_[static_cast<size_t>(slot)];
+  if (--used == 0) {
+    // Whole slot free again: close it and return it to the free list.
+    if (open_.contains(slot)) open_.erase(slot);
+    open_free_blocks_ -= blocks_per_slot_ - 1;
+    for (int64_t w = 0; w < words_per_slot_; ++w) free_subs_[static_cast<size_t>(slot * words_per_slot_ + w)] = 0;
+    put_free_slot(slot);
+    return true;
+  }
+  set_sub_free(slot, sub, true);
+  ++open_free_blocks_;
+  if (!open_.contains(slot)) open_.push_back(slot);
+  return false;
+}
+
+void TypePool::check_invariants() const {
+  int64_t counts[4] = {0, 0, 0, 0};
+  int64_t open_free = 0;
+  for (int64_t s = 0; s < num_slots_; ++s) {
+    const SlotOwner o = owner_[static_cast<size_t>(s)];
+    ++counts[static_cast<size_t>(o)];
+    const bool listed_own = own_free_.contains(s), listed_shared = shared_free_.contains(s);
+    require<StateError>((o == SlotOwner::Free) == (listed_own || listed_shared), "slot ", s, " free-list membership");
+    require<StateError>(!listed_own || s >= shared_slots_, "slot ", s, " on the wrong free list");
+    require<StateError>(!listed_shared || s < shared_slots_, "slot ", s, " on the wrong free list");
+    int64_t free_subs = 0;
+    for (int64_t sub = 0; sub < blocks_per_slot_; ++sub) free_subs += sub_is_free(s, sub);
+    if (o == SlotOwner::Compress) {
+      require<StateError>(used_subs_[static_cast<size_t>(s)] + free_subs == blocks_per_slot_ &&
+                              used_subs_[static_cast<size_t>(s)] > 0,
+                          "slot ", s, " sub-block counts");
+      require<StateError>(open_.contains(s) == (free_subs > 0), "slot ", s, " open-list membership");
+      open_free += free_subs;
+    } else {
+      require<StateError>(free_subs == 0 && used_subs_[static_cast<size_t>(s)] == 0 && !open_.contains(s),
+                          "slot ", s, " holds sub-blocks but is ", slot_owner_name(o));
+    }
+  }
+  for (size_t i = 0; i < 4; ++i) require<StateError>(counts[i] == held_[i], "owner counter ", i);
+  require<StateError>(open_free == open_free_blocks_, "open free-block counter");
+}
+
+std::vector<int64_t> TypePool::to_state() const {
+  std::vector<int64_t> st = {num_slots_, k_, block_size_, shared_slots_};
+  for (SlotOwner o : owner_) st.push_back(static_cast<int64_t>(o));
+  for (const SlotList* list : {&own_free_, &shared_free_, &open_}) {
+    const auto ids = list->to_vector();
+    st.push_back(static_cast<int64_t>(ids.size()));
+    st.insert(st.end(), ids.begin(), ids.end());
+  }
+  for (uint64_t w : free_subs_) st.push_back(static_cast<int64_t>(w));
+  st.insert(st.end(), {counters_.swa_allocs, counters_.swa_frees, counters_.compress_allocs,
+                       counters_.compress_frees, counters_.borrows});
+  return st;
+}
+
+TypePool TypePool::from_state(const std::vector<int64_t>& st) {
+  size_t i = 0;
+  auto next = [&]() -> int64_t {
+    require(i < st.size(), "TypePool state is truncated");
+    return st[i++];
+  };
+  const int64_t n = next(), k = next(), bs = next(), shared = next();
+  TypePool p(n, k, bs, shared);
+  for (int64_t s = 0; s < n; ++s) {
+    const int64_t o = next();
+    require(o >= 0 && o <= 3, "TypePool state: bad slot owner ", o);
+    p.owner_[static_cast<size_t>(s)] = static_cast<SlotOwner>(o);
+  }
+  for (SlotList* list : {&p.own_free_, &p.shared_free_, &p.open_}) {
+    *list = SlotList(n);
+    const int64_t len = next();
+    require(len >= 0 && len <= n, "TypePool state: bad list length");
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t id = next();
+      require(id >= 0 && id < n && !list->contains(id), "TypePool state: bad list member ", id);
+      list->push_back(id);
+    }
+  }
+  for (auto& w : p.free_subs_) w = static_cast<uint64_t>(next());
+  p.counters_ = {next(), next(), next(), next(), next()};
+  require(i == st.size(), "TypePool state has ", st.size() - i, " trailing values");
+  // Derived counters, then a full consistency check of what was loaded.
+  std::fill(std::begin(p.held_), std::end(p.held_), 0);
+  p.open_free_blocks_ = 0;
+  for (int64_t s = 0; s < n; ++s) {
+    ++p.held_[static_cast<size_t>(p.owner_[static_cast<size_t>(s)])];
+    if (p.owner_[static_cast<size_t>(s)] != SlotOwner::Compress) continue;
+    int64_t free_subs = 0;
+    for (int64_t sub = 0; sub < p.blocks_per_slot_; ++sub) free_subs += p.sub_is_free(s, sub);
+    p.used_subs_[static_cast<size_t>(s)] = static_cast<int32_t>(p.blocks_per_slot_ - free_subs);
+    p.open_free_blocks_ += free_subs;
+  }
+  try {
+    p.check_invariants();
+  } catch (const StateError& e) {
+    throw InvalidArgument(std::string("TypePool state is inconsistent: ") + e.what());
+  }
+  return p;
+}
+
+}  // namespace ukv

@@ -1,0 +1,148 @@
+// Unit tests of the option-2 Coordinator (SPEC.md §1.5.3 plus the fixes:
+// own region first, coldest borrow, single eviction, joint admission).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/coordinator.h"
+#include "core/errors.h"
+#include "core/sizing.h"
+
+namespace ukv {
+namespace {
+
+constexpr int64_t kCsa = 0, kHca = 1;
+
+Coordinator make(int64_t num_swa, int64_t num_compress_blocks) {
+  const auto slots = slot_counts(num_swa, num_compress_blocks, {32, 1}, 128);
+  return Coordinator(num_swa, {{32, slots[0]}, {1, slots[1]}}, 128);
+}
+
+TEST(Coordinator, StartsWithSwaInTheSharedRegionAndCompressInItsOwn) {
+  Coordinator c = make(4, 8);  // CSA: 4 + 2 slots, HCA: 4 + 1 slots
+  EXPECT_EQ(c.alloc_swa(), 0);
+  EXPECT_EQ(c.alloc_compress(kCsa), 4 * 4);    // slot 4, first own slot
+  EXPECT_EQ(c.alloc_compress(kHca), 4 * 128);  // slot 4
+  EXPECT_EQ(c.free_swa_slots(), 3);
+  c.check_invariants();
+}
+
+TEST(Coordinator, CompressBorrowsReleasedSlotsOnlyWhenItsOwnRegionIsFull) {
+  Coordinator c = make(2, 4);  // CSA own region: 1 slot = 4 blocks
+  const int64_t s0 = c.alloc_swa(), s1 = c.alloc_swa();
+  c.free_swa(s1);
+  c.free_swa(s0);  // s1 released first: the coldest
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.alloc_compress(kCsa) / 4, 2);  // own region
+  EXPECT_EQ(c.free_swa_slots(), 2);
+  EXPECT_EQ(c.alloc_compress(kCsa) / 4, s1);  // borrow: longest-freed first
+  EXPECT_FALSE(c.is_free_swa(s1));
+  EXPECT_TRUE(c.is_free_swa(s0));
+  EXPECT_EQ(c.free_swa_slots(), 1);
+  EXPECT_EQ(c.take_evicted_swa(), std::vector<int64_t>{s1});
+  c.check_invariants();
+}
+
+TEST(Coordinator, EvictionFiresOnceEvenWhenTwoTypesBorrowTheSlot) {
+  Coordinator c(1, {{128, 1}, {128, 1}}, 128);  // no own regions
+  std::vector<int64_t> seen;
+  c.set_evict_listener([&](int64_t s) { seen.push_back(s); });
+  c.free_swa(c.alloc_swa());
+  EXPECT_EQ(c.alloc_compress(kCsa), 0);
+  EXPECT_EQ(c.alloc_compress(kHca), 0);
+  EXPECT_EQ(seen, std::vector<int64_t>{0});
+  EXPECT_EQ(c.counters().swa_evictions, 1);
+  EXPECT_THROW(c.alloc_swa(), OutOfSlots);
+  c.free_compress(kCsa, 0);
+  EXPECT_FALSE(c.is_free_swa(0));  // HCA still holds it
+  c.free_compress(kHca, 0);
+  EXPECT_TRUE(c.is_free_swa(0));
+  EXPECT_EQ(c.alloc_swa(), 0);
+  c.free_swa(0);
+  c.alloc_compress(kCsa);
+  EXPECT_EQ(seen, (std::vector<int64_t>{0, 0}));  // a new SWA tenancy, a new eviction
+}
+
+TEST(Coordinator, SwaReclaimOfAReleasedSlotDoesNotEvict) {
+  Coordinator c(2, {{128, 2}}, 128);
+  c.free_swa(c.alloc_swa());
+  c.claim_swa(0);  // SWA prefix-cache hit on its own freed slot
+  c.free_swa(0);
+  EXPECT_TRUE(c.take_evicted_swa().empty());
+  c.alloc_compress(kCsa);  // borrows slot 0? no: slot 1 never released, slot 0 is
+  EXPECT_EQ(c.take_evicted_swa(), std::vector<int64_t>{0});
+}
+
+TEST(Coordinator, OwnershipErrorsLeaveStateUnchanged) {
+  Coordinator c = make(2, 8);
+  const int64_t s = c.alloc_swa();
+  const int64_t p = c.alloc_compress(kCsa);
+  const auto before = c.to_state();
+  EXPECT_THROW(c.free_swa(1), StateError);  // never allocated
+  EXPECT_THROW(c.claim_swa(s), StateError);  // already held
+  EXPECT_THROW(c.free_swa(2), InvalidArgument);
+  EXPECT_THROW(c.free_compress(kCsa, p + 1), StateError);
+  EXPECT_THROW(c.free_compress(2, p), InvalidArgument);
+  EXPECT_THROW(c.alloc_compress(-1), InvalidArgument);
+  EXPECT_EQ(c.to_state(), before);
+  c.free_swa(s);
+  EXPECT_THROW(c.free_swa(s), StateError);
+}
+
+TEST(Coordinator, BadConstructorArguments) {
+  EXPECT_THROW(Coordinator(-1, {}, 128), InvalidArgument);
+  EXPECT_THROW(Coordinator(4, {{32, 3}}, 128), InvalidArgument);  // fewer slots than SWA
+  EXPECT_THROW(Coordinator(4, {{48, 8}}, 128), InvalidArgument);  // k must divide block_size
+  EXPECT_THROW(Coordinator(4, {{0, 8}}, 128), InvalidArgument);
+  EXPECT_THROW(Coordinator(4, {{32, 8}}, 0), InvalidArgument);
+}
+
+// H2: a slot SWA counts as free must not also be promised to compress.
+TEST(Coordinator, JointAdmissionNeverCountsOneSlotTwice) {
+  Coordinator c(1, {{128, 1}}, 128);  // one shared slot, no own region
+  c.free_swa(c.alloc_swa());
+  EXPECT_TRUE(c.has_free_swa(1));
+  EXPECT_TRUE(c.has_free_compress(kCsa, 1));
+  EXPECT_FALSE(c.can_allocate_jointly(1, {1}));  // upstream would say yes, then crash
+  EXPECT_TRUE(c.can_allocate_jointly(1, {0}));
+  EXPECT_TRUE(c.can_allocate_jointly(0, {1}));
+}
+
+TEST(Coordinator, JointAdmissionIsAPromiseInAnyOrder) {
+  // Exhaustive over small demands: whenever the check says yes, both orders
+  // of performing the allocations succeed.
+  for (int64_t pre_swa = 0; pre_swa <= 3; ++pre_swa)
+    for (int64_t n_swa = 0; n_swa <= 3; ++n_swa)
+      for (int64_t n_c = 0; n_c <= 12; ++n_c)
+        for (int64_t n_h = 0; n_h <= 260; n_h += 65)
+          for (int order = 0; order < 2; ++order) {
+            Coordinator c(3, {{32, 4}, {1, 4}}, 128);
+            std::vector<int64_t> held;
+            for (int64_t i = 0; i < 3; ++i) held.push_back(c.alloc_swa());
+            for (int64_t i = 0; i < pre_swa; ++i) c.free_swa(held[static_cast<size_t>(i)]);
+            if (!c.can_allocate_jointly(n_swa, {n_c, n_h})) continue;
+            auto swa = [&] { for (int64_t i = 0; i < n_swa; ++i) c.alloc_swa(); };
+            auto cmp = [&] {
+              for (int64_t i = 0; i < n_c; ++i) c.alloc_compress(kCsa);
+              for (int64_t i = 0; i < n_h; ++i) c.alloc_compress(kHca);
+            };
+            if (order == 0) { swa(); cmp(); } else { cmp(); swa(); }
+            c.check_invariants();
+          }
+}
+
+TEST(Coordinator, StateRoundTripContinuesIdentically) {
+  Coordinator a = make(8, 64);
+  std::vector<int64_t> swa;
+  for (int i = 0; i < 8; ++i) swa.push_back(a.alloc_swa());
+  for (int i = 0; i < 8; i += 2) a.free_swa(swa[static_cast<size_t>(i)]);
+  for (int i = 0; i < 70; ++i) a.alloc_compress(kCsa);  // 64 own + 6 borrowed
+  for (int i = 0; i < 200; ++i) a.alloc_compress(kHca);
+  Coordinator b = Coordinator::from_state(a.to_state());
+  EXPECT_EQ(a.to_state(), b.to_state());
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(a.alloc_compress(kCsa), b.alloc_compress(kCsa));
+  EXPECT_EQ(a.alloc_swa(), b.alloc_swa());
+  EXPECT_EQ(a.take_evicted_swa(), b.take_evicted_swa());
+}
+
+}  // namespace
+}  // namespace ukv
