@@ -3,9 +3,80 @@
 // TORCH_LIBRARY_IMPL(ukv, CPU|CUDA, m) next to their code in csrc/ops/.
 #include <torch/library.h>
 
+#include "ops/allocator_classes.h"
 #include "ops/sizing_ops.h"
 
+using ukv::ops::CoordinatorHolder;
+using ukv::ops::TypePoolHolder;
+
 TORCH_LIBRARY(ukv, m) {
+  // ---- allocator classes (classes first: later schemas may name them) -----
+  m.class_<TypePoolHolder>("TypePool")
+      .def(torch::init<int64_t, int64_t, int64_t, int64_t>(), "one layer type's shared slot free-list",
+           {torch::arg("num_slots"), torch::arg("k"), torch::arg("block_size") = 128, torch::arg("shared_slots") = 0})
+      .def("num_slots", &TypePoolHolder::num_slots)
+      .def("k", &TypePoolHolder::k)
+      .def("block_size", &TypePoolHolder::block_size)
+      .def("shared_slots", &TypePoolHolder::shared_slots)
+      .def("blocks_per_slot", &TypePoolHolder::blocks_per_slot)
+      .def("reserve_slot", &TypePoolHolder::reserve_slot)
+      .def("release_slot", &TypePoolHolder::release_slot)
+      .def("slot_is_free", &TypePoolHolder::slot_is_free)
+      .def("owner", &TypePoolHolder::owner)
+      .def("alloc_swa", &TypePoolHolder::alloc_swa)
+      .def("free_swa", &TypePoolHolder::free_swa)
+      .def("claim_swa", &TypePoolHolder::claim_swa)
+      .def("is_free_swa", &TypePoolHolder::is_free_swa)
+      .def("has_free_swa", &TypePoolHolder::has_free_swa, "", {torch::arg("n") = 1})
+      .def("alloc_swa_n", &TypePoolHolder::alloc_swa_n)
+      .def("free_swa_many", &TypePoolHolder::free_swa_many)
+      .def("alloc_compress", &TypePoolHolder::alloc_compress)
+      .def("free_compress", &TypePoolHolder::free_compress)
+      .def("has_free_compress", &TypePoolHolder::has_free_compress, "", {torch::arg("n") = 1})
+      .def("alloc_compress_n", &TypePoolHolder::alloc_compress_n)
+      .def("free_compress_many", &TypePoolHolder::free_compress_many)
+      .def("free_slots", &TypePoolHolder::free_slots)
+      .def("free_compress_blocks", &TypePoolHolder::free_compress_blocks)
+      .def("counters", &TypePoolHolder::counters)
+      .def("check_invariants", &TypePoolHolder::check_invariants)
+      .def("__obj_flatten__", &TypePoolHolder::obj_flatten)
+      .def_pickle([](const c10::intrusive_ptr<TypePoolHolder>& self) { return self->get_state(); },
+                  [](std::vector<int64_t> state) { return TypePoolHolder::from_state(std::move(state)); });
+
+  m.class_<CoordinatorHolder>("Coordinator")
+      .def(torch::init<int64_t, std::vector<int64_t>, std::vector<int64_t>, int64_t>(),
+           "option-2 coordinator: one shared SWA slot space, one slot pool per compress type",
+           {torch::arg("num_swa_base"), torch::arg("ks"), torch::arg("num_slots"), torch::arg("block_size") = 128})
+      .def("num_swa_base", &CoordinatorHolder::num_swa_base)
+      .def("block_size", &CoordinatorHolder::block_size)
+      .def("num_types", &CoordinatorHolder::num_types)
+      .def("ks", &CoordinatorHolder::ks)
+      .def("type_slots", &CoordinatorHolder::type_slots)
+      .def("alloc_swa", &CoordinatorHolder::alloc_swa)
+      .def("free_swa", &CoordinatorHolder::free_swa)
+      .def("claim_swa", &CoordinatorHolder::claim_swa)
+      .def("is_free_swa", &CoordinatorHolder::is_free_swa)
+      .def("has_free_swa", &CoordinatorHolder::has_free_swa, "", {torch::arg("n") = 1})
+      .def("free_swa_slots", &CoordinatorHolder::free_swa_slots)
+      .def("alloc_swa_n", &CoordinatorHolder::alloc_swa_n)
+      .def("free_swa_many", &CoordinatorHolder::free_swa_many)
+      .def("alloc_compress", &CoordinatorHolder::alloc_compress)
+      .def("free_compress", &CoordinatorHolder::free_compress)
+      .def("has_free_compress", &CoordinatorHolder::has_free_compress, "",
+           {torch::arg("type"), torch::arg("n") = 1})
+      .def("free_compress_blocks", &CoordinatorHolder::free_compress_blocks)
+      .def("alloc_compress_n", &CoordinatorHolder::alloc_compress_n)
+      .def("free_compress_many", &CoordinatorHolder::free_compress_many)
+      .def("can_allocate_jointly", &CoordinatorHolder::can_allocate_jointly)
+      .def("take_evicted_swa", &CoordinatorHolder::take_evicted_swa)
+      .def("owner", &CoordinatorHolder::owner)
+      .def("pool_slot_is_free", &CoordinatorHolder::pool_slot_is_free)
+      .def("counters", &CoordinatorHolder::counters)
+      .def("check_invariants", &CoordinatorHolder::check_invariants)
+      .def("__obj_flatten__", &CoordinatorHolder::obj_flatten)
+      .def_pickle([](const c10::intrusive_ptr<CoordinatorHolder>& self) { return self->get_state(); },
+                  [](std::vector<int64_t> state) { return CoordinatorHolder::from_state(std::move(state)); });
+
   // ---- sizing (no tensors; one C++ source for pools and tensors) ----------
   m.def("slot_counts(int num_swa_blocks, int num_compress_blocks, int[] ks, int block_size=128) -> int[]",
         &ukv::ops::slot_counts);

@@ -8,5 +8,22 @@ from ._loader import load_extension
 _build_info = load_extension()
 BACKEND = _build_info.BACKEND
 
+from . import _fake_classes  # noqa: E402,F401  (after _C)
+from .allocator import (  # noqa: E402
+    OutOfSlots,
+    UnifiedKvCoordinator,
+    UnifiedTypePool,
+    slot_counts,
+    unified_slot_counts,
+)
+
 __version__ = "0.1.0"
-__all__ = ["BACKEND", "__version__"]
+__all__ = [
+    "BACKEND",
+    "OutOfSlots",
+    "UnifiedKvCoordinator",
+    "UnifiedTypePool",
+    "slot_counts",
+    "unified_slot_counts",
+    "__version__",
+]

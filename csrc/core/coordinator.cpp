@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/batch.h"
 #include "core/errors.h"
 
 namespace ukv {
@@ -114,6 +115,43 @@ void Coordinator::free_compress(int64_t type, int64_t phys) {
   const bool slot_freed = p.free_compress(phys);
   const int64_t slot = phys / p.blocks_per_slot();
   if (slot_freed && slot < num_swa_base_ && --busy_[static_cast<size_t>(slot)] == 0) swa_free_.push_back(slot);
+}
+
+std::vector<int64_t> Coordinator::alloc_swa_n(int64_t n) {
+  require_batch_size(n, "alloc_swa_n");
+  require<OutOfSlots>(n <= swa_free_.size(), "No free SWA slots available (", n, " requested, ", swa_free_.size(),
+                      " free)");
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out.push_back(alloc_swa());
+  return out;
+}
+
+void Coordinator::free_swa_many(const int64_t* slots, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    require<StateError>(swa_slot_is_held(slots[i]), "free_swa_many: SWA slot ", slots[i], " is not held by SWA");
+  require_distinct(slots, n, "free_swa_many");
+  for (size_t i = 0; i < n; ++i) free_swa(slots[i]);
+}
+
+std::vector<int64_t> Coordinator::alloc_compress_n(int64_t type, int64_t n) {
+  check_type(type, "alloc_compress_n");
+  require_batch_size(n, "alloc_compress_n");
+  const int64_t avail = pools_[static_cast<size_t>(type)].free_compress_blocks();
+  require<OutOfSlots>(n <= avail, "No free KV slots available (", n, " requested, ", avail, " free)");
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out.push_back(alloc_compress(type));
+  return out;
+}
+
+void Coordinator::free_compress_many(int64_t type, const int64_t* ids, size_t n) {
+  check_type(type, "free_compress_many");
+  const TypePool& p = pools_[static_cast<size_t>(type)];
+  for (size_t i = 0; i < n; ++i)
+    require<StateError>(p.compress_id_is_held(ids[i]), "free_compress_many: compress id ", ids[i], " is not held");
+  require_distinct(ids, n, "free_compress_many");
+  for (size_t i = 0; i < n; ++i) free_compress(type, ids[i]);
 }
 
 int64_t Coordinator::slots_needed(int64_t type, int64_t blocks) const {

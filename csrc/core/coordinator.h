@@ -62,12 +62,16 @@ class Coordinator {
   bool has_free_swa(int64_t n) const { return !enabled() || swa_free_.size() >= n; }
   int64_t free_swa_slots() const { return swa_free_.size(); }
   bool swa_slot_is_held(int64_t slot) const;
+  std::vector<int64_t> alloc_swa_n(int64_t n);         // all-or-nothing
+  void free_swa_many(const int64_t* slots, size_t n);  // validated first
 
   // --- compress role ---
   int64_t alloc_compress(int64_t type);
   void free_compress(int64_t type, int64_t phys);
   bool has_free_compress(int64_t type, int64_t n) const { return pool(type).has_free_compress(n); }
   int64_t free_compress_blocks(int64_t type) const { return pool(type).free_compress_blocks(); }
+  std::vector<int64_t> alloc_compress_n(int64_t type, int64_t n);         // all-or-nothing
+  void free_compress_many(int64_t type, const int64_t* ids, size_t n);    // validated first
 
   // True when n_swa SWA allocations and compress_demand[t] allocations of each
   // type t, made in any order from the current state, all succeed.

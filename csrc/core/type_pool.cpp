@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/batch.h"
 #include "core/errors.h"
 #include "core/sizing.h"
 
@@ -98,7 +99,7 @@ bool TypePool::has_free_swa(int64_t n) const { return !enabled() || free_slots()
 
 int64_t TypePool::alloc_swa() {
   SlotList& from = shared_free_.empty() ? own_free_ : shared_free_;
-  require<OutOfSlots>(!from.empty(), "No free SWA slots available");
+  require<OutOfSlots>(!from.empty(), "No free KV slots available");  // upstream pool text
   const int64_t slot = from.front();
   take_free_slot(slot, SlotOwner::Swa);
   ++counters_.swa_allocs;
@@ -118,6 +119,40 @@ void TypePool::claim_swa(int64_t slot) {
   require<StateError>(o == SlotOwner::Free, "claim_swa: slot ", slot, " is ", slot_owner_name(o), ", not free");
   take_free_slot(slot, SlotOwner::Swa);
   ++counters_.swa_allocs;
+}
+
+std::vector<int64_t> TypePool::alloc_swa_n(int64_t n) {
+  require_batch_size(n, "alloc_swa_n");
+  require<OutOfSlots>(n <= free_slots(), "No free KV slots available (", n, " requested, ", free_slots(), " free)");
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out.push_back(alloc_swa());
+  return out;
+}
+
+void TypePool::free_swa_many(const int64_t* slots, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    require<StateError>(owner(slots[i]) == SlotOwner::Swa, "free_swa_many: slot ", slots[i], " is not held by SWA");
+  require_distinct(slots, n, "free_swa_many");
+  for (size_t i = 0; i < n; ++i) free_swa(slots[i]);
+}
+
+std::vector<int64_t> TypePool::alloc_compress_n(int64_t n) {
+  require_batch_size(n, "alloc_compress_n");
+  require(n == 0 || blocks_per_slot_ > 0, "alloc_compress_n: this pool has no compress role (k = 0)");
+  require<OutOfSlots>(n <= free_compress_blocks(), "No free KV slots available (", n, " requested, ",
+                      free_compress_blocks(), " free)");
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out.push_back(alloc_compress());
+  return out;
+}
+
+void TypePool::free_compress_many(const int64_t* ids, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    require<StateError>(compress_id_is_held(ids[i]), "free_compress_many: compress id ", ids[i], " is not held");
+  require_distinct(ids, n, "free_compress_many");
+  for (size_t i = 0; i < n; ++i) free_compress(ids[i]);
 }
 
 bool TypePool::has_free_compress(int64_t n) const {

@@ -65,6 +65,8 @@ class TypePool {
   void claim_swa(int64_t slot);  // take a specific free slot (cache-hit reclaim)
   bool is_free_swa(int64_t slot) const { return slot_is_free(slot); }
   bool has_free_swa(int64_t n) const;
+  std::vector<int64_t> alloc_swa_n(int64_t n);              // all-or-nothing
+  void free_swa_many(const int64_t* slots, size_t n);       // validated first
 
   // --- compress role ---
   // opened_slot (optional) receives the slot when this call took a free slot,
@@ -74,6 +76,8 @@ class TypePool {
   bool free_compress(int64_t phys);
   bool has_free_compress(int64_t n) const;
   bool compress_id_is_held(int64_t phys) const;
+  std::vector<int64_t> alloc_compress_n(int64_t n);         // all-or-nothing
+  void free_compress_many(const int64_t* ids, size_t n);    // validated first
 
   // --- counts (all O(1)) ---
   int64_t free_slots() const { return own_free_.size() + shared_free_.size(); }
