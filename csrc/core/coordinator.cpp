@@ -79,6 +79,7 @@ void Coordinator::take_swa_slot(int64_t slot) {
   if (state == SwaState::Released) reserve_in_all_pools(slot); else --available_unreleased_;
   state = SwaState::Held;
   cached_[static_cast<size_t>(slot)] = 0;
+  ++held_swa_;
 }
 
 void Coordinator::free_swa(int64_t slot) {
@@ -86,6 +87,7 @@ void Coordinator::free_swa(int64_t slot) {
   require<StateError>(swa_slot_is_held(slot), "free_swa: SWA slot ", slot, " is not held by SWA (double free?)");
   for (auto& p : pools_) p.release_slot(slot);
   swa_state_[static_cast<size_t>(slot)] = SwaState::Released;
+  --held_swa_;
   cached_[static_cast<size_t>(slot)] = 1;  // its rows may back a lazily cached SWA block
   swa_free_.push_back(slot);
   ++counters_.swa_frees;
@@ -161,13 +163,16 @@ int64_t Coordinator::slots_needed(int64_t type, int64_t blocks) const {
   return (beyond_own + p.blocks_per_slot() - 1) / p.blocks_per_slot();
 }
 
-bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>& compress_demand) const {
+bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>& compress_demand,
+                                       int64_t extra_free_slots) const {
   require(static_cast<int64_t>(compress_demand.size()) == num_types(), "can_allocate_jointly: compress_demand has ",
           compress_demand.size(), " entries, expected one per compress type (", num_types(), ")");
   require(n_swa >= 0, "can_allocate_jointly: n_swa must be >= 0, got ", n_swa);
   const int64_t swa_demand = enabled() ? n_swa : 0;  // a disabled SWA space ignores SWA demand
   // Released slots SWA could take from under a compress pool's shared list.
-  const int64_t swa_takes_released = std::min(swa_demand, swa_free_.size() - available_unreleased_);
+  require(extra_free_slots >= 0, "can_allocate_jointly: extra_free_slots must be >= 0, got ", extra_free_slots);
+  const int64_t swa_free = swa_free_.size() + extra_free_slots;
+  const int64_t swa_takes_released = std::min(swa_demand, swa_free - available_unreleased_);
   int64_t swa_space_used = swa_demand;
   for (int64_t t = 0; t < num_types(); ++t) {
     const int64_t demand = compress_demand[static_cast<size_t>(t)];
@@ -175,10 +180,10 @@ bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>
     const TypePool& p = pools_[static_cast<size_t>(t)];
     if (!p.enabled() || demand == 0) continue;
     const int64_t borrow = slots_needed(t, demand);
-    if (borrow > p.free_shared_slots() - swa_takes_released) return false;
+    if (borrow > p.free_shared_slots() + extra_free_slots - swa_takes_released) return false;
     swa_space_used += borrow;  // each borrowed slot may be one SWA could have used
   }
-  return swa_space_used <= swa_free_.size();
+  return swa_space_used <= swa_free;
 }
 
 std::vector<int64_t> Coordinator::take_evicted_swa() {
@@ -208,6 +213,9 @@ void Coordinator::check_invariants() const {
     unreleased += swa_state_[i] == SwaState::Available;
   }
   require<StateError>(unreleased == available_unreleased_, "unreleased-available counter");
+  int64_t held = 0;
+  for (auto st : swa_state_) held += st == SwaState::Held;
+  require<StateError>(held == held_swa_, "held-SWA counter");
 }
 
 std::vector<int64_t> Coordinator::to_state() const {
@@ -250,12 +258,14 @@ Coordinator Coordinator::from_state(const std::vector<int64_t>& st) {
     p = TypePool::from_state(ps);
   }
   c.available_unreleased_ = 0;
+  c.held_swa_ = 0;
   for (int64_t s = 0; s < base; ++s) {
     const int64_t state = next(), cached = next();
     require(state >= 0 && state <= 2 && (cached == 0 || cached == 1), "Coordinator state: bad SWA slot record");
     c.swa_state_[static_cast<size_t>(s)] = static_cast<SwaState>(state);
     c.cached_[static_cast<size_t>(s)] = static_cast<uint8_t>(cached);
     c.available_unreleased_ += state == static_cast<int64_t>(SwaState::Available);
+    c.held_swa_ += state == static_cast<int64_t>(SwaState::Held);
     int32_t busy = 0;
     for (const auto& p : c.pools_) busy += p.owner(s) == SlotOwner::Compress;
     c.busy_[static_cast<size_t>(s)] = busy;

@@ -62,6 +62,9 @@ class Coordinator {
   bool has_free_swa(int64_t n) const { return !enabled() || swa_free_.size() >= n; }
   int64_t free_swa_slots() const { return swa_free_.size(); }
   bool swa_slot_is_held(int64_t slot) const;
+  int64_t held_swa_slots() const { return held_swa_; }
+  // A released shared slot in which some compress pool holds blocks.
+  bool compress_busy(int64_t slot) const { return busy_[static_cast<size_t>(slot)] > 0; }
   std::vector<int64_t> alloc_swa_n(int64_t n);         // all-or-nothing
   void free_swa_many(const int64_t* slots, size_t n);  // validated first
 
@@ -75,7 +78,10 @@ class Coordinator {
 
   // True when n_swa SWA allocations and compress_demand[t] allocations of each
   // type t, made in any order from the current state, all succeed.
-  bool can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>& compress_demand) const;
+  // extra_free_slots counts released slots the caller can first make free in
+  // every pool (the KV manager's reclaimable cached compress slots).
+  bool can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>& compress_demand,
+                            int64_t extra_free_slots = 0) const;
 
   // --- cross-role eviction ---
   void set_evict_listener(EvictListener listener) { listener_ = std::move(listener); }
@@ -107,6 +113,7 @@ class Coordinator {
   std::vector<uint8_t> cached_;    // released slot may still back a cached SWA block
   SlotList swa_free_;              // slots SWA may take now, FIFO
   int64_t available_unreleased_ = 0;  // members of swa_free_ in state Available
+  int64_t held_swa_ = 0;              // slots in state Held
   std::deque<int64_t> evicted_;
   EvictListener listener_;
   CoordinatorCounters counters_;

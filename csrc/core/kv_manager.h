@@ -1,0 +1,207 @@
+// KvManager: the sequence-level KV manager of the unified pool (SPEC.md §1.3,
+// §1.4, §1.6 with the ARCHITECTURE.md fixes), torch-free.
+//
+// It owns the logical compress blocks (prefix cache), the sliding-window block
+// pool, and either the unified Coordinator (SWA and per-type compress share
+// slots; every logical block is bound to one physical block per compress type)
+// or the static split (logical == physical compress ids, a private SWA pool).
+//
+// Admission is joint and a yes is a promise. Every live sequence holds an SWA
+// quota: an upper bound on the SWA blocks it can hold at once (window spans of
+// the previous and the current chunk, or the decode window plus speculative
+// tokens). The manager keeps   SWA capacity (free + held slots) >= sum of
+// quotas + checkpoint reserve   at all times, and checks compress borrowing
+// against the SWA demand still outstanding, so no later ensure_for_tokens or
+// append can run out of slots (SPEC.md H2). Re-allocating a free logical block
+// that still holds a binding is net-zero and not counted as demand (H3).
+// Cached compress blocks whose bindings occupy shared slots are reclaimed for
+// SWA, coldest slot first, only when an admission or append needs the room.
+//
+// Every public operation validates its arguments and capacity first and
+// either completes or throws with no state changed. Not thread-safe (the
+// torch class serialises calls). Deterministic.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "core/coordinator.h"
+#include "core/kv_events.h"
+#include "core/logical_blocks.h"
+#include "core/swa_blocks.h"
+
+namespace ukv {
+
+struct KvManagerConfig {
+  int64_t block_size = 128;
+  int64_t window = 128;                  // sliding window in tokens; 0 = no SWA pool
+  int64_t mtp_k = 0;                     // speculative tokens per decode step
+  int64_t max_num_batched_tokens = 8192;
+  bool enable_prefix_caching = true;
+  bool unified = true;                   // false: the upstream static split
+  int64_t num_logical_blocks = 0;
+  int64_t num_swa_blocks = 0;
+  std::vector<int64_t> compress_ks = {32, 1};  // rows per block of each compress type
+  std::vector<int64_t> type_slots;       // unified: slots per type; empty = slot_counts()
+  bool full_retain = false;              // SWA materialises whole prefill chunks
+  int64_t retention_interval = 0;        // tokens between sparse SWA checkpoints (full_retain)
+  double checkpoint_frac = 0.5;          // fraction of SWA blocks checkpoints may pin
+  int64_t max_num_seqs = 256;            // staging rows
+  int64_t max_blocks_per_seq = 1024;     // staging columns; longest sequence in blocks
+};
+
+// Host memory the manager writes a batch's tables into (the torch layer owns
+// it: pinned buffers mirrored on the device). Each table is row-major
+// [max_num_seqs, row_stride] int32; phys has one table per compress type.
+struct StagingView {
+  int32_t* logical;
+  int32_t* swa;
+  std::vector<int32_t*> phys;
+  int64_t row_stride;
+};
+
+struct KvManagerStats {
+  int64_t admissions = 0, admission_refusals = 0;
+  int64_t appends = 0, append_refusals = 0;
+  int64_t prefix_query_blocks = 0;   // blocks looked up at admission
+  int64_t compressed_hit_blocks = 0; // compress-prefix matches
+  int64_t prefix_hit_blocks = 0;     // hits after the SWA trailing-window gate
+  int64_t reclaimed_slots = 0;       // shared slots taken back from cached compress blocks
+  int64_t reclaimed_blocks = 0;      // cached logical blocks dropped to do so
+};
+
+class KvManager {
+ public:
+  explicit KvManager(KvManagerConfig config);
+  KvManager(const KvManager&) = delete;  // the coordinator's listener points at this object
+  KvManager& operator=(const KvManager&) = delete;
+
+  const KvManagerConfig& config() const { return cfg_; }
+  int64_t num_types() const { return static_cast<int64_t>(cfg_.compress_ks.size()); }
+  int64_t tail_blocks() const { return tail_blocks_; }
+  int64_t swa_quota_bound() const { return swa_peak_; }
+  bool has_sequence(int64_t seq_id) const { return seqs_.count(seq_id) != 0; }
+  int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
+
+  // --- admission of a new request (its known tokens: prompt, or prompt +
+  // generated tokens when a preempted request resumes) ---
+  // Cached prefix length in blocks, or -1 when the request cannot be admitted now.
+  int64_t can_allocate(const int32_t* tokens, int64_t n) const;
+  // Admits the request: returns its cached tokens (prefill starts there), or
+  // -1 with nothing changed when it cannot be admitted.
+  int64_t allocate(int64_t seq_id, const int32_t* tokens, int64_t n);
+
+  // --- prefill ---
+  void ensure_for_tokens(int64_t seq_id, int64_t num_new_tokens);
+  // The chunk's KV was computed: publish full blocks, advance, free the window.
+  // sampled (n_sampled tokens) extends the token list once the prompt is done.
+  void commit_prefill(int64_t seq_id, int64_t num_tokens, const int32_t* sampled, int64_t n_sampled);
+
+  // --- decode (num_new_tokens = 1 + speculative tokens this step) ---
+  // Length of the longest prefix of seq_ids that append() can serve jointly.
+  int64_t can_append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens) const;
+  void append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens);
+  // The step computed KV for `count` positions of the sequence and these are
+  // its new tokens (accepted drafts and the bonus token).
+  void commit_decode(int64_t seq_id, const int32_t* tokens, int64_t count);
+
+  void deallocate(int64_t seq_id);
+  void clear_cache();
+
+  // --- tables ---
+  const std::vector<int32_t>& logical_table(int64_t seq_id) const;
+  const std::vector<int32_t>& swa_table(int64_t seq_id) const;
+  const std::vector<int32_t>& phys_table(int64_t seq_id, int64_t type) const;  // static: logical
+  int64_t num_computed(int64_t seq_id) const;
+  int64_t num_tokens(int64_t seq_id) const;
+  // Writes rows 0..n-1 of every table for these sequences (SWA -1 written as
+  // 0, unused columns 0). Incremental: a row already holding a sequence gets
+  // only what changed since. Throws on unknown or repeated ids.
+  void stage(const int64_t* seq_ids, int64_t n, const StagingView& view);
+  void invalidate_staging();  // the next stage() rewrites every row in full
+
+  std::vector<KvEvent> take_events();
+  const KvManagerStats& stats() const { return stats_; }
+  int64_t free_logical_blocks() const { return logical_.free_count(); }
+  int64_t free_swa_slots() const { return swa_ ? swa_->free_slots() : 0; }
+  int64_t held_swa_slots() const { return swa_ ? swa_->held_slots() : 0; }
+  int64_t swa_reserved() const { return swa_reserved_; }
+  int64_t reclaimable_slots() const { return reclaimable_.size(); }
+  const Coordinator* coordinator() const { return coord_.get(); }
+  const LogicalBlocks& logical_blocks() const { return logical_; }
+
+  void check_invariants() const;
+  std::vector<int64_t> to_state() const;
+  static std::unique_ptr<KvManager> from_state(const std::vector<int64_t>& state);
+
+ private:
+  struct Sequence {
+    std::vector<int32_t> tokens;
+    int64_t num_prompt = 0, num_computed = 0;
+    std::vector<int32_t> logical, swa;
+    std::vector<std::vector<int32_t>> phys;
+    std::vector<uint64_t> hashes;    // chain over the published blocks [0, hashes.size())
+    int64_t swa_written_lo = 0;      // SWA rows of positions [lo, num_computed) are all written
+    int64_t swa_freed_upto = 0;      // entries [0, this) are window-freed (-1)
+    int64_t swa_quota = 0;
+    int64_t swa_held = 0;
+    int64_t stage_row = -1, dirty_lo = 0;
+  };
+  struct Admission {
+    bool ok = false;
+    int64_t compressed_hit = 0;   // compress-prefix match, before the SWA gate
+    int64_t cached_blocks = 0;    // hits after the gate
+    int64_t compress_demand = 0;  // new physical blocks per type
+    int64_t quota = 0;
+    bool needs_reclaim = false;
+    std::vector<uint64_t> hashes;
+    std::vector<int64_t> hit_ids;
+  };
+
+  void install_evict_listener();
+  Sequence& seq(int64_t seq_id);
+  const Sequence& seq(int64_t seq_id) const;
+  bool swa_enabled() const { return swa_ != nullptr; }
+  int64_t blocks_for(int64_t tokens) const { return (tokens + cfg_.block_size - 1) / cfg_.block_size; }
+  int64_t quota_for(int64_t num_blocks) const { return std::min(swa_peak_, num_blocks); }
+  int64_t checkpoint_reserve() const { return swa_ ? swa_->checkpoint_capacity() : 0; }
+  bool capacity_ok(int64_t extra_quota, int64_t compress_demand, int64_t extra_free) const;
+  bool capacity_ok_now(int64_t extra_quota, int64_t compress_demand, bool& needs_reclaim) const;
+  void reclaim_until(int64_t extra_quota, int64_t compress_demand);
+  void reclaim_one_slot();
+
+  Admission admission(const int32_t* tokens, int64_t n) const;
+  int64_t bounded_hit(const int32_t* tokens, int64_t hit, const std::vector<uint64_t>& hashes) const;
+  bool is_checkpoint(const Sequence& s, int64_t block) const;
+
+  int64_t pop_bound_block();
+  void bind(int64_t id);
+  void unbind(int64_t id);
+  void on_live_change(int64_t id, int delta);
+  void on_compress_freed(int64_t type, int64_t phys);
+  void update_reclaimable(int64_t slot);
+  int64_t shared_slot_of(int64_t type, int64_t phys) const;
+
+  void push_block(Sequence& s, int64_t id, int32_t swa_id);
+  void publish_full_blocks(Sequence& s);
+  void free_out_of_window(Sequence& s, int64_t seq_len);
+  void write_row(const Sequence& s, int64_t row, int64_t from, const StagingView& view);
+
+  KvManagerConfig cfg_;
+  int64_t tail_blocks_ = 0, retention_blocks_ = 0, swa_peak_ = 0;
+  std::unique_ptr<Coordinator> coord_;
+  LogicalBlocks logical_;
+  std::unique_ptr<SwaBlocks> swa_;
+  std::vector<std::vector<int32_t>> owner_of_phys_;  // [type][phys] -> logical id or -1 (unified)
+  std::vector<int32_t> live_in_slot_;                // live bindings per shared slot
+  SlotList reclaimable_;                             // busy shared slots holding only cached bindings
+  std::unordered_map<int64_t, Sequence> seqs_;
+  int64_t swa_reserved_ = 0;                         // sum of quotas + checkpoint reserve
+  std::vector<int64_t> row_seq_, row_len_;           // staging rows: sequence and length last written
+  std::vector<KvEvent> events_;
+  KvManagerStats stats_;
+};
+
+}  // namespace ukv

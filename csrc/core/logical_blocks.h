@@ -1,0 +1,79 @@
+// LogicalBlocks: the logical compress-block space of the KV manager.
+//
+// A logical block is what a sequence's block table holds and what the prefix
+// cache hashes; it is shared by every CSA/HCA layer and by side pools such as
+// the indexer. Ref counts, the content-hash map with a token-equality guard,
+// and lazy eviction (a freed block keeps its hash until its id is reused, the
+// FIFO free list makes the longest-freed block the first reused) follow
+// SPEC.md §1.4. In the unified layout each logical block also carries one
+// physical block per compress type (its binding), kept across cache-free so a
+// later hit finds its KV where it was written (§1.6).
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "core/kv_events.h"
+#include "core/slot_list.h"
+
+namespace ukv {
+
+class LogicalBlocks {
+ public:
+  LogicalBlocks(int64_t num_blocks, int64_t block_size, int64_t num_types);
+
+  int64_t num_blocks() const { return static_cast<int64_t>(ref_.size()); }
+  int64_t free_count() const { return free_.size(); }
+  int64_t ref(int64_t id) const { return ref_[static_cast<size_t>(id)]; }
+  bool is_free(int64_t id) const { return free_.contains(id); }
+  bool has_hash(int64_t id) const { return has_hash_[static_cast<size_t>(id)] != 0; }
+  uint64_t hash(int64_t id) const { return hash_[static_cast<size_t>(id)]; }
+  const SlotList& free_list() const { return free_; }
+
+  // The cached block holding exactly these tokens under this hash, or -1.
+  int64_t lookup(uint64_t hash, const int32_t* tokens) const;
+
+  // A prefix-cache hit: a free block leaves the free list with ref 1 and keeps
+  // its hash; a used block gains a reference.
+  void claim(int64_t id);
+  // A true allocation: pops the longest-free block, drops its stale hash
+  // (emitting Removed if the cache still pointed at it) and returns it with
+  // ref 1. The caller rebinds its physical blocks.
+  int64_t pop(std::vector<KvEvent>& events);
+  // Drops a reference; at 0 the block joins the back of the free list with its
+  // hash and binding kept. Returns true when it became free.
+  bool release(int64_t id);
+
+  void publish(int64_t id, uint64_t hash, const int32_t* tokens, bool has_parent, uint64_t parent,
+               std::vector<KvEvent>& events);
+  // Forgets a block's content (the cache may no longer hit it).
+  void drop_hash(int64_t id, std::vector<KvEvent>& events);
+  void clear_cache(std::vector<KvEvent>& events);
+  const int32_t* tokens(int64_t id) const { return &tokens_[static_cast<size_t>(id * block_size_)]; }
+
+  // --- physical bindings (unified layout) ---
+  int32_t binding(int64_t type, int64_t id) const { return binding_[static_cast<size_t>(type)][static_cast<size_t>(id)]; }
+  void set_binding(int64_t type, int64_t id, int32_t phys) {
+    binding_[static_cast<size_t>(type)][static_cast<size_t>(id)] = phys;
+  }
+  bool is_bound(int64_t id) const { return binding_.empty() || binding(0, id) >= 0; }
+
+  void check_invariants() const;
+  void append_state(std::vector<int64_t>& st) const;
+  void load_state(const std::vector<int64_t>& st, size_t& pos);
+
+ private:
+  void forget(int64_t id, std::vector<KvEvent>& events);
+
+  int64_t block_size_;
+  std::vector<int32_t> ref_;
+  std::vector<uint8_t> has_hash_;
+  std::vector<uint64_t> hash_;
+  std::vector<int32_t> tokens_;                 // block_size tokens per block, valid while hashed
+  std::vector<std::vector<int32_t>> binding_;   // [type][logical] -> phys or -1
+  SlotList free_;
+  std::unordered_map<uint64_t, int32_t> by_hash_;
+};
+
+}  // namespace ukv

@@ -1,0 +1,182 @@
+#include "core/swa_blocks.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/errors.h"
+
+namespace ukv {
+
+SwaBlocks::SwaBlocks(int64_t num_blocks, int64_t block_size, Coordinator* coordinator, int64_t checkpoint_capacity)
+    : block_size_(block_size), coordinator_(coordinator), checkpoint_capacity_(checkpoint_capacity),
+      ref_(static_cast<size_t>(num_blocks), 0), has_hash_(static_cast<size_t>(num_blocks), 0),
+      hash_(static_cast<size_t>(num_blocks), 0), tokens_(static_cast<size_t>(num_blocks * block_size), 0),
+      lru_(num_blocks) {
+  if (!coordinator_) static_pool_ = std::make_unique<TypePool>(num_blocks, 0, block_size);
+}
+
+int64_t SwaBlocks::free_slots() const {
+  return coordinator_ ? coordinator_->free_swa_slots() : static_pool_->free_slots();
+}
+
+int64_t SwaBlocks::held_slots() const {
+  return coordinator_ ? coordinator_->held_swa_slots() : static_pool_->held_slots(SlotOwner::Swa);
+}
+
+int64_t SwaBlocks::source_alloc() { return coordinator_ ? coordinator_->alloc_swa() : static_pool_->alloc_swa(); }
+void SwaBlocks::source_free(int64_t id) { coordinator_ ? coordinator_->free_swa(id) : static_pool_->free_swa(id); }
+void SwaBlocks::source_claim(int64_t id) { coordinator_ ? coordinator_->claim_swa(id) : static_pool_->claim_swa(id); }
+bool SwaBlocks::source_is_free(int64_t id) const {
+  return coordinator_ ? coordinator_->is_free_swa(id) : static_pool_->is_free_swa(id);
+}
+
+int64_t SwaBlocks::lookup(uint64_t hash, const int32_t* tokens) const {
+  const auto it = by_hash_.find(hash);
+  if (it == by_hash_.end()) return -1;
+  const int64_t id = it->second;
+  const int32_t* held = &tokens_[static_cast<size_t>(id * block_size_)];
+  return std::memcmp(held, tokens, sizeof(int32_t) * static_cast<size_t>(block_size_)) == 0 ? id : -1;
+}
+
+void SwaBlocks::forget(int64_t id) {
+  auto& flag = has_hash_[static_cast<size_t>(id)];
+  if (!flag) return;
+  const auto it = by_hash_.find(hash_[static_cast<size_t>(id)]);
+  if (it != by_hash_.end() && it->second == id) by_hash_.erase(it);
+  flag = 0;
+}
+
+int64_t SwaBlocks::alloc() {
+  const int64_t id = source_alloc();
+  forget(id);  // lazy eviction: reuse is the true eviction point
+  ref_[static_cast<size_t>(id)] = 1;
+  return id;
+}
+
+void SwaBlocks::claim(int64_t id) {
+  auto& r = ref_[static_cast<size_t>(id)];
+  if (r > 0) {
+    ++r;
+  } else {
+    source_claim(id);
+    r = 1;
+  }
+  refresh(id);
+}
+
+void SwaBlocks::release(int64_t id) {
+  auto& r = ref_[static_cast<size_t>(id)];
+  require<StateError>(r > 0, "SWA block ", id, " released with ref 0");
+  if (--r == 0) source_free(id);
+}
+
+void SwaBlocks::publish(int64_t id, uint64_t hash, const int32_t* tokens) {
+  const auto i = static_cast<size_t>(id);
+  std::memcpy(&tokens_[i * static_cast<size_t>(block_size_)], tokens, sizeof(int32_t) * static_cast<size_t>(block_size_));
+  has_hash_[i] = 1;
+  hash_[i] = hash;
+  by_hash_[hash] = static_cast<int32_t>(id);
+}
+
+void SwaBlocks::pin(int64_t id) {
+  if (lru_.contains(id)) {
+    refresh(id);
+    return;
+  }
+  ++ref_[static_cast<size_t>(id)];
+  lru_.push_back(id);
+  while (lru_.size() > checkpoint_capacity_) release(lru_.pop_front());
+}
+
+void SwaBlocks::evict_slot(int64_t id) {
+  // Only released slots are borrowed; a pinned checkpoint keeps a reference
+  // and so is never evicted this way.
+  require<StateError>(ref_[static_cast<size_t>(id)] == 0, "SWA slot ", id, " evicted while referenced");
+  forget(id);
+}
+
+void SwaBlocks::clear_cache() {
+  by_hash_.clear();
+  for (int64_t id = 0; id < num_blocks(); ++id)
+    if (ref_[static_cast<size_t>(id)] == 0) has_hash_[static_cast<size_t>(id)] = 0;
+}
+
+void SwaBlocks::check_invariants() const {
+  int64_t held = 0;
+  for (int64_t id = 0; id < num_blocks(); ++id) {
+    const auto r = ref_[static_cast<size_t>(id)];
+    require<StateError>(r >= 0, "SWA block ", id, " has negative ref");
+    require<StateError>(r == 0 || !source_is_free(id), "SWA block ", id, " is referenced but its slot is free");
+    require<StateError>(!lru_.contains(id) || r > 0, "pinned SWA block ", id, " has ref 0");
+    held += r > 0;
+  }
+  require<StateError>(held == held_slots(), "SWA held-slot count ", held_slots(), " != referenced blocks ", held);
+  require<StateError>(lru_.size() <= checkpoint_capacity_, "checkpoint LRU over capacity");
+  for (const auto& [h, id] : by_hash_)
+    require<StateError>(has_hash_[static_cast<size_t>(id)] && hash_[static_cast<size_t>(id)] == h,
+                        "SWA hash map entry for block ", id, " is stale");
+  if (static_pool_) static_pool_->check_invariants();
+}
+
+void SwaBlocks::append_state(std::vector<int64_t>& st) const {
+  st.push_back(num_blocks());
+  for (int64_t id = 0; id < num_blocks(); ++id) {
+    const auto i = static_cast<size_t>(id);
+    st.insert(st.end(), {ref_[i], has_hash_[i], static_cast<int64_t>(hash_[i])});
+    if (has_hash_[i])
+      st.insert(st.end(), tokens_.begin() + static_cast<std::ptrdiff_t>(i * static_cast<size_t>(block_size_)),
+                tokens_.begin() + static_cast<std::ptrdiff_t>((i + 1) * static_cast<size_t>(block_size_)));
+  }
+  std::vector<std::pair<uint64_t, int32_t>> entries(by_hash_.begin(), by_hash_.end());
+  std::sort(entries.begin(), entries.end());
+  st.push_back(static_cast<int64_t>(entries.size()));
+  for (const auto& [h, id] : entries) st.insert(st.end(), {static_cast<int64_t>(h), id});
+  const auto pins = lru_.to_vector();
+  st.push_back(static_cast<int64_t>(pins.size()));
+  st.insert(st.end(), pins.begin(), pins.end());
+  if (static_pool_) {
+    const auto ps = static_pool_->to_state();
+    st.push_back(static_cast<int64_t>(ps.size()));
+    st.insert(st.end(), ps.begin(), ps.end());
+  }
+}
+
+void SwaBlocks::load_state(const std::vector<int64_t>& st, size_t& pos) {
+  auto next = [&]() -> int64_t {
+    require(pos < st.size(), "KvManager state is truncated (SWA blocks)");
+    return st[pos++];
+  };
+  require(next() == num_blocks(), "KvManager state: SWA block count differs from the configuration");
+  for (int64_t id = 0; id < num_blocks(); ++id) {
+    const auto i = static_cast<size_t>(id);
+    ref_[i] = static_cast<int32_t>(next());
+    has_hash_[i] = static_cast<uint8_t>(next() != 0);
+    hash_[i] = static_cast<uint64_t>(next());
+    if (has_hash_[i])
+      for (int64_t t = 0; t < block_size_; ++t) tokens_[i * static_cast<size_t>(block_size_) + static_cast<size_t>(t)] = static_cast<int32_t>(next());
+  }
+  by_hash_.clear();
+  const int64_t nmap = next();
+  for (int64_t j = 0; j < nmap; ++j) {
+    const auto h = static_cast<uint64_t>(next());
+    const int64_t id = next();
+    require(id >= 0 && id < num_blocks(), "KvManager state: bad SWA hash-map block ", id);
+    by_hash_[h] = static_cast<int32_t>(id);
+  }
+  lru_ = SlotList(num_blocks());
+  const int64_t npins = next();
+  for (int64_t j = 0; j < npins; ++j) {
+    const int64_t id = next();
+    require(id >= 0 && id < num_blocks() && !lru_.contains(id), "KvManager state: bad pinned SWA block ", id);
+    lru_.push_back(id);
+  }
+  if (static_pool_) {
+    const int64_t len = next();
+    require(len >= 0 && pos + static_cast<size_t>(len) <= st.size(), "KvManager state: bad SWA pool state");
+    *static_pool_ = TypePool::from_state(std::vector<int64_t>(st.begin() + static_cast<std::ptrdiff_t>(pos),
+                                                              st.begin() + static_cast<std::ptrdiff_t>(pos + len)));
+    pos += static_cast<size_t>(len);
+  }
+}
+
+}  // namespace ukv

@@ -1,0 +1,71 @@
+// SwaBlocks: the content-addressed sliding-window block pool (SPEC.md §1.3).
+//
+// An SWA block id is its slot: rows [id*block_size, (id+1)*block_size) of every
+// layer tensor. Slots come from the unified Coordinator (shared with compress)
+// or, in the static split, from a private SWA-only TypePool. Blocks keep their
+// hash after release (lazy eviction at reuse), and the coordinator's eviction
+// listener drops it when compress borrows the slot (H-a). With sparse
+// retention, checkpoint blocks are pinned by an extra reference in an LRU of
+// bounded capacity.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "core/coordinator.h"
+#include "core/slot_list.h"
+#include "core/type_pool.h"
+
+namespace ukv {
+
+class SwaBlocks {
+ public:
+  // coordinator == nullptr: static split, slots from a private pool.
+  SwaBlocks(int64_t num_blocks, int64_t block_size, Coordinator* coordinator, int64_t checkpoint_capacity);
+
+  int64_t num_blocks() const { return static_cast<int64_t>(ref_.size()); }
+  bool enabled() const { return num_blocks() > 0; }
+  int64_t free_slots() const;   // slots SWA may take now
+  int64_t held_slots() const;   // slots SWA holds (tables and pins)
+  int64_t ref(int64_t id) const { return ref_[static_cast<size_t>(id)]; }
+  int64_t checkpoint_capacity() const { return checkpoint_capacity_; }
+  int64_t pinned() const { return lru_.size(); }
+  bool is_pinned(int64_t id) const { return lru_.contains(id); }
+
+  int64_t lookup(uint64_t hash, const int32_t* tokens) const;  // -1 if absent
+  int64_t alloc();                // fresh block, ref 1, stale hash dropped
+  void claim(int64_t id);         // cache hit: a free block is reclaimed, a held one shared
+  void release(int64_t id);       // ref - 1; at 0 the slot returns (hash kept)
+  void publish(int64_t id, uint64_t hash, const int32_t* tokens);
+  void pin(int64_t id);           // checkpoint pin / LRU refresh
+  void refresh(int64_t id) { if (lru_.contains(id)) { lru_.erase(id); lru_.push_back(id); } }
+  void evict_slot(int64_t id);    // compress took this released slot: forget its content
+  void clear_cache();
+
+  void check_invariants() const;
+  void append_state(std::vector<int64_t>& st) const;
+  void load_state(const std::vector<int64_t>& st, size_t& pos);
+  const TypePool* static_pool() const { return static_pool_.get(); }
+
+ private:
+  int64_t source_alloc();
+  void source_free(int64_t id);
+  void source_claim(int64_t id);
+  bool source_is_free(int64_t id) const;
+  void forget(int64_t id);
+
+  int64_t block_size_;
+  Coordinator* coordinator_;
+  std::unique_ptr<TypePool> static_pool_;
+  int64_t checkpoint_capacity_;
+  std::vector<int32_t> ref_;
+  std::vector<uint8_t> has_hash_;
+  std::vector<uint64_t> hash_;
+  std::vector<int32_t> tokens_;
+  std::unordered_map<uint64_t, int32_t> by_hash_;
+  SlotList lru_;  // pinned checkpoints, least recently used first
+};
+
+}  // namespace ukv

@@ -1,0 +1,184 @@
+// Scenario tests of the KvManager core against hand-derived expectations.
+// The randomized model-based serving test lives in tests/test_kv_manager_model.py.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "core/errors.h"
+#include "core/kv_manager.h"
+
+namespace ukv {
+namespace {
+
+constexpr int64_t kBs = 128;
+
+KvManagerConfig small_config(bool unified) {
+  KvManagerConfig c;
+  c.block_size = kBs;
+  c.window = 128;
+  c.num_logical_blocks = 32;
+  c.num_swa_blocks = 16;
+  c.unified = unified;
+  c.max_num_seqs = 8;
+  c.max_blocks_per_seq = 16;
+  return c;
+}
+
+std::vector<int32_t> tokens(int64_t n, int32_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>(seed * 100003 + i);
+  return t;
+}
+
+// Prefill a whole prompt in one chunk and sample one token.
+void prefill(KvManager& m, int64_t id, int64_t cached, const std::vector<int32_t>& toks) {
+  const auto n = static_cast<int64_t>(toks.size()) - cached;
+  m.ensure_for_tokens(id, n);
+  const int32_t sampled = 7;
+  m.commit_prefill(id, n, &sampled, 1);
+}
+
+class BothLayouts : public ::testing::TestWithParam<bool> {};
+
+TEST_P(BothLayouts, AllocatePrefillDecodeFree) {
+  KvManager m(small_config(GetParam()));
+  const auto t = tokens(300, 1);  // 3 blocks
+  EXPECT_EQ(m.allocate(1, t.data(), 300), 0);
+  EXPECT_EQ(m.logical_table(1).size(), 3u);
+  EXPECT_EQ(m.swa_table(1), (std::vector<int32_t>{-1, -1, -1}));
+  prefill(m, 1, 0, t);
+  // Window-only SWA: positions [172, 300) live in blocks 1 and 2.
+  const auto& swa = m.swa_table(1);
+  EXPECT_EQ(swa[0], -1);
+  EXPECT_GE(swa[1], 0);
+  EXPECT_GE(swa[2], 0);
+  m.check_invariants();
+  for (int step = 0; step < 200; ++step) {
+    const int64_t id = 1;
+    ASSERT_EQ(m.can_append(&id, 1, 1), 1);
+    m.append(&id, 1, 1);
+    const int32_t tok = 9;
+    m.commit_decode(1, &tok, 1);
+    m.check_invariants();
+  }
+  EXPECT_EQ(m.num_computed(1), 500);
+  EXPECT_EQ(m.logical_table(1).size(), 4u);
+  m.deallocate(1);
+  m.check_invariants();
+  EXPECT_EQ(m.free_logical_blocks(), 32);
+  EXPECT_EQ(m.held_swa_slots(), 0);
+}
+
+TEST_P(BothLayouts, PrefixHitReusesBlocksAndTheirRows) {
+  KvManager m(small_config(GetParam()));
+  const auto t = tokens(512, 2);  // 4 full blocks
+  m.allocate(1, t.data(), 512);
+  for (int chunk = 0; chunk < 4; ++chunk) {  // block-sized chunks write every SWA row
+    m.ensure_for_tokens(1, kBs);
+    m.commit_prefill(1, kBs, nullptr, 0);
+  }
+  const auto logical = m.logical_table(1);
+  const auto phys0 = m.phys_table(1, 0);
+  m.deallocate(1);
+  // The last block is never a hit; blocks 0..2 are, gated by the SWA window tail.
+  EXPECT_EQ(m.can_allocate(t.data(), 512), 3);
+  EXPECT_EQ(m.allocate(2, t.data(), 512), 3 * kBs);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(m.logical_table(2)[static_cast<size_t>(i)], logical[static_cast<size_t>(i)]);
+    EXPECT_EQ(m.phys_table(2, 0)[static_cast<size_t>(i)], phys0[static_cast<size_t>(i)]);
+  }
+  EXPECT_EQ(m.swa_table(2)[0], -1);  // before the trailing window: never read
+  EXPECT_GE(m.swa_table(2)[2], 0);   // tail block claimed from the SWA cache
+  m.check_invariants();
+}
+
+TEST_P(BothLayouts, OneChunkPrefillOnlyWritesTheWindow) {
+  KvManager m(small_config(GetParam()));
+  const auto t = tokens(512, 2);
+  m.allocate(1, t.data(), 512);
+  prefill(m, 1, 0, t);  // window-only: SWA block 2 was never written
+  m.deallocate(1);
+  EXPECT_EQ(m.can_allocate(t.data(), 512), 0);  // the trailing-window gate refuses the stale window (H-o)
+}
+
+TEST_P(BothLayouts, PartlyWrittenSwaBlocksAreNotPublished) {  // H7
+  KvManager m(small_config(GetParam()));
+  const auto t = tokens(300, 3);
+  m.allocate(1, t.data(), 300);
+  prefill(m, 1, 0, t);  // SWA block 1 holds positions 172..255 only
+  m.deallocate(1);
+  std::vector<int32_t> longer = t;
+  longer.resize(600, 5);
+  // Compress blocks 0 and 1 hit, but SWA block 1 was partly written: the gate stops the hit.
+  EXPECT_EQ(m.can_allocate(longer.data(), 600), 0);
+}
+
+TEST_P(BothLayouts, ErrorsLeaveStateUnchanged) {
+  KvManager m(small_config(GetParam()));
+  const auto t = tokens(200, 4);
+  m.allocate(1, t.data(), 200);
+  const auto before = m.to_state();
+  EXPECT_THROW(m.allocate(1, t.data(), 200), InvalidArgument);
+  EXPECT_THROW(m.ensure_for_tokens(1, 201), InvalidArgument);
+  EXPECT_THROW(m.ensure_for_tokens(2, 1), InvalidArgument);
+  EXPECT_THROW(m.commit_prefill(1, 300, nullptr, 0), InvalidArgument);
+  const int64_t id = 1;
+  EXPECT_THROW(m.can_append(&id, 1, 1), InvalidArgument);  // still in prefill
+  EXPECT_THROW(m.commit_decode(1, t.data(), 1), InvalidArgument);
+  const auto big = tokens(17 * kBs, 5);
+  EXPECT_THROW(m.allocate(3, big.data(), 17 * kBs), InvalidArgument);  // > max_blocks_per_seq
+  EXPECT_EQ(m.to_state(), before);
+}
+
+TEST_P(BothLayouts, StateRoundTrip) {
+  KvManager m(small_config(GetParam()));
+  const auto t = tokens(700, 6);
+  m.allocate(1, t.data(), 700);
+  prefill(m, 1, 0, t);
+  const auto u = tokens(256, 7);
+  m.allocate(2, u.data(), 256);
+  auto copy = KvManager::from_state(m.to_state());
+  EXPECT_EQ(copy->to_state(), m.to_state());
+  const auto v = tokens(400, 8);
+  EXPECT_EQ(copy->allocate(3, v.data(), 400), m.allocate(3, v.data(), 400));
+  EXPECT_EQ(copy->logical_table(3), m.logical_table(3));
+  EXPECT_EQ(copy->phys_table(3, 1), m.phys_table(3, 1));
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, BothLayouts, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Unified" : "StaticSplit"; });
+
+TEST(KvManager, AdmissionCountsSwaQuotaJointlyWithCompress) {
+  // One shared slot only; CSA/HCA own regions hold exactly the logical blocks.
+  KvManagerConfig c = small_config(true);
+  c.num_swa_blocks = 4;
+  c.num_logical_blocks = 4;
+  KvManager m(c);
+  const auto t = tokens(100, 1);
+  EXPECT_EQ(m.swa_quota_bound(), 4);  // two window spans of 2 blocks at block 128
+  EXPECT_EQ(m.allocate(1, t.data(), 100), 0);  // quota min(4, 1 block) = 1
+  EXPECT_EQ(m.swa_reserved(), 1);
+  m.check_invariants();
+}
+
+TEST(KvManager, BadConfigurations) {
+  KvManagerConfig c = small_config(true);
+  c.window = 0;
+  EXPECT_THROW(KvManager{c}, InvalidArgument);  // window 0 with SWA blocks
+  c = small_config(true);
+  c.compress_ks = {48};
+  EXPECT_THROW(KvManager{c}, InvalidArgument);
+  c = small_config(true);
+  c.type_slots = {16, 16};  // HCA fine, CSA 16 slots * 4 = 64 >= 32 fine; but must cover SWA slots
+  EXPECT_NO_THROW(KvManager{c});
+  c.type_slots = {17, 16};
+  c.num_logical_blocks = 100;  // more logical blocks than CSA can hold
+  EXPECT_THROW(KvManager{c}, InvalidArgument);
+  c = small_config(false);
+  c.type_slots = {1, 1};
+  EXPECT_THROW(KvManager{c}, InvalidArgument);
+}
+
+}  // namespace
+}  // namespace ukv
