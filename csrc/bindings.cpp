@@ -4,9 +4,11 @@
 #include <torch/library.h>
 
 #include "ops/allocator_classes.h"
+#include "ops/kv_manager_class.h"
 #include "ops/sizing_ops.h"
 
 using ukv::ops::CoordinatorHolder;
+using ukv::ops::KvManagerHolder;
 using ukv::ops::TypePoolHolder;
 
 TORCH_LIBRARY(ukv, m) {
@@ -76,6 +78,47 @@ TORCH_LIBRARY(ukv, m) {
       .def("__obj_flatten__", &CoordinatorHolder::obj_flatten)
       .def_pickle([](const c10::intrusive_ptr<CoordinatorHolder>& self) { return self->get_state(); },
                   [](std::vector<int64_t> state) { return CoordinatorHolder::from_state(std::move(state)); });
+
+  // ---- the sequence-level KV manager --------------------------------------
+  m.class_<KvManagerHolder>("KvManager")
+      .def(torch::init<c10::Dict<std::string, int64_t>, std::vector<int64_t>, std::vector<int64_t>, double,
+                       std::string>(),
+           "sequence-level KV manager: prefix cache, sliding window, per-type tables, admission, staging",
+           {torch::arg("options"), torch::arg("compress_ks") = std::vector<int64_t>{32, 1},
+            torch::arg("type_slots") = std::vector<int64_t>{}, torch::arg("checkpoint_frac") = 0.5,
+            torch::arg("device") = std::string()})
+      .def("can_allocate", &KvManagerHolder::can_allocate)
+      .def("allocate", &KvManagerHolder::allocate)
+      .def("ensure_for_tokens", &KvManagerHolder::ensure_for_tokens)
+      .def("commit_prefill", &KvManagerHolder::commit_prefill)
+      .def("can_append", &KvManagerHolder::can_append, "", {torch::arg("seq_ids"), torch::arg("num_new_tokens") = 1})
+      .def("append", &KvManagerHolder::append, "", {torch::arg("seq_ids"), torch::arg("num_new_tokens") = 1})
+      .def("commit_decode", &KvManagerHolder::commit_decode)
+      .def("deallocate", &KvManagerHolder::deallocate)
+      .def("clear_cache", &KvManagerHolder::clear_cache)
+      .def("has_sequence", &KvManagerHolder::has_sequence)
+      .def("num_sequences", &KvManagerHolder::num_sequences)
+      .def("num_computed", &KvManagerHolder::num_computed)
+      .def("num_tokens", &KvManagerHolder::num_tokens)
+      .def("logical_table", &KvManagerHolder::logical_table)
+      .def("swa_table", &KvManagerHolder::swa_table)
+      .def("phys_table", &KvManagerHolder::phys_table)
+      .def("stage", &KvManagerHolder::stage)
+      .def("upload", &KvManagerHolder::upload)
+      .def("mark_uploaded", &KvManagerHolder::mark_uploaded)
+      .def("invalidate_staging", &KvManagerHolder::invalidate_staging)
+      .def("host_tables", &KvManagerHolder::host_tables)
+      .def("tables", &KvManagerHolder::tables)
+      .def("take_events", &KvManagerHolder::take_events)
+      .def("stats", &KvManagerHolder::stats)
+      .def("config", &KvManagerHolder::config)
+      .def("compress_ks", &KvManagerHolder::compress_ks)
+      .def("check_invariants", &KvManagerHolder::check_invariants)
+      .def("__obj_flatten__", &KvManagerHolder::obj_flatten)
+      .def_pickle([](const c10::intrusive_ptr<KvManagerHolder>& self) { return self->get_state(); },
+                  [](std::tuple<std::vector<int64_t>, std::string> state) {
+                    return KvManagerHolder::from_state(std::move(state));
+                  });
 
   // ---- sizing (no tensors; one C++ source for pools and tensors) ----------
   m.def("slot_counts(int num_swa_blocks, int num_compress_blocks, int[] ks, int block_size=128) -> int[]",

@@ -9,6 +9,7 @@ _build_info = load_extension()
 BACKEND = _build_info.BACKEND
 
 from . import _fake_classes  # noqa: E402,F401  (after _C)
+from .manager import KvEventKind, KvManager  # noqa: E402
 from .allocator import (  # noqa: E402
     OutOfSlots,
     UnifiedKvCoordinator,
@@ -20,6 +21,8 @@ from .allocator import (  # noqa: E402
 __version__ = "0.1.0"
 __all__ = [
     "BACKEND",
+    "KvEventKind",
+    "KvManager",
     "OutOfSlots",
     "UnifiedKvCoordinator",
     "UnifiedTypePool",

@@ -10,8 +10,9 @@ import torch
 def _register(qualname: str) -> None:
     @torch._library.register_fake_class(qualname)
     class _Fake:
-        def __init__(self, state: torch.Tensor):
+        def __init__(self, state: torch.Tensor, device: str = ""):
             self.state = state
+            self.device = device
 
         @classmethod
         def __obj_unflatten__(cls, flat):
@@ -20,5 +21,5 @@ def _register(qualname: str) -> None:
     _Fake.__name__ = "Fake" + qualname.split("::")[-1]
 
 
-for _name in ("ukv::TypePool", "ukv::Coordinator"):
+for _name in ("ukv::TypePool", "ukv::Coordinator", "ukv::KvManager"):
     _register(_name)

@@ -328,28 +328,58 @@ int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n) {
 
 // ----------------------------------------------------------------- prefill --
 
-void KvManager::ensure_for_tokens(int64_t seq_id, int64_t num_new_tokens) {
-  Sequence& s = seq(seq_id);
-  require(num_new_tokens >= 0, "num_new_tokens must be >= 0, got ", num_new_tokens);
+void KvManager::require_distinct_known(const int64_t* seq_ids, int64_t n, const char* what) const {
+  require(n >= 0, what, ": batch size must be >= 0, got ", n);
+  std::vector<int64_t> sorted(seq_ids, seq_ids + n);
+  std::sort(sorted.begin(), sorted.end());
+  require(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), what, ": seq_ids holds a sequence twice");
+  for (int64_t i = 0; i < n; ++i) seq(seq_ids[i]);
+}
+
+void KvManager::check_ensure(int64_t seq_id, int64_t num_new_tokens) const {
+  const Sequence& s = seq(seq_id);
+  require(num_new_tokens >= 0, "ensure_for_tokens: counts must be >= 0, got ", num_new_tokens);
   require(s.num_computed + num_new_tokens <= static_cast<int64_t>(s.tokens.size()), "ensure_for_tokens: ",
           num_new_tokens, " new tokens from ", s.num_computed, " exceed the ", s.tokens.size(),
           " known tokens of sequence ", seq_id);
   require(!cfg_.full_retain || num_new_tokens <= cfg_.max_num_batched_tokens, "ensure_for_tokens: a chunk of ",
           num_new_tokens, " tokens exceeds max_num_batched_tokens ", cfg_.max_num_batched_tokens);
+}
+
+// SWA blocks the chunk writes: the whole chunk (full retain) or its last window.
+int64_t KvManager::missing_swa_blocks(const Sequence& s, int64_t num_new_tokens) const {
+  if (num_new_tokens == 0 || !swa_) return 0;
+  const int64_t bs = cfg_.block_size, end_len = s.num_computed + num_new_tokens;
+  const int64_t free_before = cfg_.full_retain ? 0 : std::max<int64_t>(0, end_len - cfg_.window) / bs;
+  int64_t missing = 0;
+  for (int64_t i = std::max(s.num_computed / bs, free_before); i <= (end_len - 1) / bs; ++i)
+    missing += s.swa[static_cast<size_t>(i)] < 0;
+  return missing;
+}
+
+void KvManager::apply_ensure(Sequence& s, int64_t num_new_tokens) {
   if (num_new_tokens == 0 || !swa_) return;
   const int64_t bs = cfg_.block_size, end_len = s.num_computed + num_new_tokens;
   const int64_t free_before = cfg_.full_retain ? 0 : std::max<int64_t>(0, end_len - cfg_.window) / bs;
-  const int64_t first = std::max(s.num_computed / bs, free_before), last = (end_len - 1) / bs;
-  int64_t missing = 0;
-  for (int64_t i = first; i <= last; ++i) missing += s.swa[static_cast<size_t>(i)] < 0;
-  require<OutOfSlots>(missing <= swa_->free_slots(), "No free SWA slots available");
-  for (int64_t i = first; i <= last; ++i) {
+  for (int64_t i = std::max(s.num_computed / bs, free_before); i <= (end_len - 1) / bs; ++i) {
     auto& entry = s.swa[static_cast<size_t>(i)];
     if (entry >= 0) continue;
     entry = static_cast<int32_t>(swa_->alloc());
     ++s.swa_held;
     s.dirty_lo = std::min(s.dirty_lo, i);
   }
+}
+
+void KvManager::ensure_for_tokens(const int64_t* seq_ids, const int64_t* counts, int64_t n) {
+  require_distinct_known(seq_ids, n, "ensure_for_tokens");
+  int64_t missing = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    check_ensure(seq_ids[i], counts[i]);
+    missing += missing_swa_blocks(seq(seq_ids[i]), counts[i]);
+  }
+  // Admission reserved these blocks; running out here would be a broken promise.
+  require<OutOfSlots>(missing <= free_swa_slots(), "No free SWA slots available");
+  for (int64_t i = 0; i < n; ++i) apply_ensure(seq(seq_ids[i]), counts[i]);
 }
 
 bool KvManager::is_checkpoint(const Sequence& s, int64_t block) const {
@@ -391,15 +421,18 @@ void KvManager::free_out_of_window(Sequence& s, int64_t seq_len) {
   s.swa_freed_upto = std::max(s.swa_freed_upto, free_before);
 }
 
-void KvManager::commit_prefill(int64_t seq_id, int64_t num_tokens, const int32_t* sampled, int64_t n_sampled) {
-  Sequence& s = seq(seq_id);
+void KvManager::check_commit_prefill(int64_t seq_id, int64_t num_tokens, int32_t sampled) const {
+  const Sequence& s = seq(seq_id);
   const auto known = static_cast<int64_t>(s.tokens.size());
-  require(num_tokens >= 0, "commit_prefill: num_tokens must be >= 0, got ", num_tokens);
+  require(num_tokens >= 0, "commit_prefill: counts must be >= 0, got ", num_tokens);
   require(s.num_computed + num_tokens <= known, "commit_prefill: ", num_tokens, " tokens from ", s.num_computed,
           " exceed the ", known, " known tokens of sequence ", seq_id);
-  require(n_sampled >= 0, "commit_prefill: n_sampled must be >= 0, got ", n_sampled);
-  require(n_sampled == 0 || s.num_computed + num_tokens == known,
-          "commit_prefill: sampled tokens can only follow the prompt's last chunk");
+  require(sampled >= -1, "commit_prefill: sampled must be a token id >= 0 or -1 (none), got ", sampled);
+  require(sampled < 0 || s.num_computed + num_tokens == known,
+          "commit_prefill: a sampled token can only follow the prompt's last chunk (sequence ", seq_id, ")");
+}
+
+void KvManager::apply_commit_prefill(Sequence& s, int64_t num_tokens, int32_t sampled) {
   const int64_t start = s.num_computed, end = start + num_tokens;
   if (swa_ && num_tokens > 0) {
     // The model writes whole chunks (full retain) or the chunk's last window.
@@ -408,8 +441,14 @@ void KvManager::commit_prefill(int64_t seq_id, int64_t num_tokens, const int32_t
   }
   s.num_computed = end;
   publish_full_blocks(s);
-  s.tokens.insert(s.tokens.end(), sampled, sampled + n_sampled);
-  free_out_of_window(s, end);
+  if (sampled >= 0) s.tokens.push_back(sampled);
+  free_out_of_window(s, end);  // the computed length, never the scheduled one (H-j)
+}
+
+void KvManager::commit_prefill(const int64_t* seq_ids, const int64_t* counts, const int32_t* sampled, int64_t n) {
+  require_distinct_known(seq_ids, n, "commit_prefill");
+  for (int64_t i = 0; i < n; ++i) check_commit_prefill(seq_ids[i], counts[i], sampled[i]);
+  for (int64_t i = 0; i < n; ++i) apply_commit_prefill(seq(seq_ids[i]), counts[i], sampled[i]);
 }
 
 // ------------------------------------------------------------------ decode --
@@ -417,9 +456,7 @@ void KvManager::commit_prefill(int64_t seq_id, int64_t num_tokens, const int32_t
 int64_t KvManager::can_append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens) const {
   require(num_new_tokens >= 1 && num_new_tokens <= 1 + cfg_.mtp_k, "num_new_tokens must be in [1, 1 + mtp_k = ",
           1 + cfg_.mtp_k, "], got ", num_new_tokens);
-  std::vector<int64_t> sorted(seq_ids, seq_ids + n);
-  std::sort(sorted.begin(), sorted.end());
-  require(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), "seq_ids holds a sequence twice");
+  require_distinct_known(seq_ids, n, "can_append");
   int64_t new_blocks = 0, demand = 0, extra_quota = 0;
   int64_t cursor = logical_.free_list().front();
   for (int64_t i = 0; i < n; ++i) {
@@ -475,19 +512,32 @@ void KvManager::append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens
   ++stats_.appends;
 }
 
-void KvManager::commit_decode(int64_t seq_id, const int32_t* tokens, int64_t count) {
-  Sequence& s = seq(seq_id);
+void KvManager::check_commit_decode(int64_t seq_id, int64_t count) const {
+  const Sequence& s = seq(seq_id);
   require(s.num_computed + 1 == static_cast<int64_t>(s.tokens.size()), "commit_decode: sequence ", seq_id,
           " is not decoding");
-  require(count >= 1, "commit_decode: count must be >= 1, got ", count);
+  require(count >= 1, "commit_decode: counts must be >= 1, got ", count);
   require(s.num_computed + count <= static_cast<int64_t>(s.logical.size()) * cfg_.block_size, "commit_decode: ",
           count, " tokens from position ", s.num_computed, " run past the blocks appended for sequence ", seq_id);
+}
+
+void KvManager::apply_commit_decode(Sequence& s, const int32_t* tokens, int64_t count) {
   s.num_computed += count;
   s.tokens.insert(s.tokens.end(), tokens, tokens + count);
   publish_full_blocks(s);  // a decode block is cacheable once full and committed
 }
 
-void KvManager::deallocate(int64_t seq_id) {
+void KvManager::commit_decode(const int64_t* seq_ids, const int64_t* counts, const int32_t* tokens, int64_t n) {
+  require_distinct_known(seq_ids, n, "commit_decode");
+  for (int64_t i = 0; i < n; ++i) check_commit_decode(seq_ids[i], counts[i]);
+  int64_t offset = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    apply_commit_decode(seq(seq_ids[i]), tokens + offset, counts[i]);
+    offset += counts[i];
+  }
+}
+
+void KvManager::apply_deallocate(int64_t seq_id) {
   Sequence& s = seq(seq_id);
   for (auto i = static_cast<int64_t>(s.logical.size()) - 1; i >= 0; --i) {
     const int64_t id = s.logical[static_cast<size_t>(i)];
@@ -498,6 +548,11 @@ void KvManager::deallocate(int64_t seq_id) {
       if (*it >= 0) swa_->release(*it);
   swa_reserved_ -= s.swa_quota;
   seqs_.erase(seq_id);
+}
+
+void KvManager::deallocate(const int64_t* seq_ids, int64_t n) {
+  require_distinct_known(seq_ids, n, "deallocate");
+  for (int64_t i = 0; i < n; ++i) apply_deallocate(seq_ids[i]);
 }
 
 void KvManager::clear_cache() {
@@ -537,10 +592,7 @@ void KvManager::stage(const int64_t* seq_ids, int64_t n, const StagingView& view
   require(view.row_stride >= cfg_.max_blocks_per_seq, "stage: row_stride ", view.row_stride,
           " is smaller than max_blocks_per_seq ", cfg_.max_blocks_per_seq);
   require(static_cast<int64_t>(view.phys.size()) == num_types(), "stage: expected ", num_types(), " physical tables");
-  std::vector<int64_t> sorted(seq_ids, seq_ids + n);
-  std::sort(sorted.begin(), sorted.end());
-  require(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), "stage: seq_ids holds a sequence twice");
-  for (int64_t r = 0; r < n; ++r) seq(seq_ids[r]);  // every id known before any row changes
+  require_distinct_known(seq_ids, n, "stage");  // every id known before any row changes
   for (int64_t r = 0; r < n; ++r) {
     Sequence& s = seq(seq_ids[r]);
     const bool same = row_seq_[static_cast<size_t>(r)] == seq_ids[r] && s.stage_row == r;

@@ -93,21 +93,23 @@ class KvManager {
   // -1 with nothing changed when it cannot be admitted.
   int64_t allocate(int64_t seq_id, const int32_t* tokens, int64_t n);
 
-  // --- prefill ---
-  void ensure_for_tokens(int64_t seq_id, int64_t num_new_tokens);
-  // The chunk's KV was computed: publish full blocks, advance, free the window.
-  // sampled (n_sampled tokens) extends the token list once the prompt is done.
-  void commit_prefill(int64_t seq_id, int64_t num_tokens, const int32_t* sampled, int64_t n_sampled);
+  // --- prefill (batch calls: every entry is validated before any changes) ---
+  // Materialises the SWA blocks each sequence's next chunk of counts[i] tokens writes.
+  void ensure_for_tokens(const int64_t* seq_ids, const int64_t* counts, int64_t n);
+  // The chunks' KV was computed: publish full blocks, advance, free the window.
+  // sampled[i] >= 0 is the token sampled after a prompt's last chunk, -1 none.
+  void commit_prefill(const int64_t* seq_ids, const int64_t* counts, const int32_t* sampled, int64_t n);
 
   // --- decode (num_new_tokens = 1 + speculative tokens this step) ---
   // Length of the longest prefix of seq_ids that append() can serve jointly.
   int64_t can_append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens) const;
   void append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens);
-  // The step computed KV for `count` positions of the sequence and these are
-  // its new tokens (accepted drafts and the bonus token).
-  void commit_decode(int64_t seq_id, const int32_t* tokens, int64_t count);
+  // The step computed KV for counts[i] positions of sequence i, whose new
+  // tokens (accepted drafts and the bonus token) are the next counts[i]
+  // entries of tokens.
+  void commit_decode(const int64_t* seq_ids, const int64_t* counts, const int32_t* tokens, int64_t n);
 
-  void deallocate(int64_t seq_id);
+  void deallocate(const int64_t* seq_ids, int64_t n);
   void clear_cache();
 
   // --- tables ---
@@ -184,6 +186,15 @@ class KvManager {
   void update_reclaimable(int64_t slot);
   int64_t shared_slot_of(int64_t type, int64_t phys) const;
 
+  void require_distinct_known(const int64_t* seq_ids, int64_t n, const char* what) const;
+  int64_t missing_swa_blocks(const Sequence& s, int64_t num_new_tokens) const;
+  void check_ensure(int64_t seq_id, int64_t num_new_tokens) const;
+  void check_commit_prefill(int64_t seq_id, int64_t num_tokens, int32_t sampled) const;
+  void check_commit_decode(int64_t seq_id, int64_t count) const;
+  void apply_ensure(Sequence& s, int64_t num_new_tokens);
+  void apply_commit_prefill(Sequence& s, int64_t num_tokens, int32_t sampled);
+  void apply_commit_decode(Sequence& s, const int32_t* tokens, int64_t count);
+  void apply_deallocate(int64_t seq_id);
   void push_block(Sequence& s, int64_t id, int32_t swa_id);
   void publish_full_blocks(Sequence& s);
   void free_out_of_window(Sequence& s, int64_t seq_len);

@@ -6,20 +6,13 @@
 #include <cctype>
 
 #include "ops/core_errors.h"
+#include "ops/tensor_args.h"
 
 namespace ukv::ops {
 namespace {
 
 at::Tensor to_tensor(const std::vector<int64_t>& ids) {
   return at::tensor(at::ArrayRef<int64_t>(ids), at::TensorOptions().dtype(at::kLong));
-}
-
-// Batch id arguments: a 1-D int64 CPU tensor (any strides; made contiguous).
-at::Tensor id_batch(const at::Tensor& ids, const char* arg) {
-  TORCH_CHECK_VALUE(ids.dim() == 1, arg, " must be a 1-D tensor, got ", ids.dim(), " dims");
-  TORCH_CHECK_VALUE(ids.scalar_type() == at::kLong, arg, " must be int64, got ", ids.scalar_type());
-  TORCH_CHECK_VALUE(ids.device().is_cpu(), arg, " must be a CPU tensor, got ", ids.device());
-  return ids.contiguous();
 }
 
 std::string owner_str(SlotOwner o) {
@@ -64,7 +57,7 @@ bool TypePoolHolder::is_free_swa(int64_t slot) { return locked([&] { return pool
 bool TypePoolHolder::has_free_swa(int64_t n) { return locked([&] { return pool_.has_free_swa(n); }); }
 at::Tensor TypePoolHolder::alloc_swa_n(int64_t n) { return to_tensor(locked([&] { return pool_.alloc_swa_n(n); })); }
 void TypePoolHolder::free_swa_many(const at::Tensor& slots) {
-  const at::Tensor ids = id_batch(slots, "slots");
+  const at::Tensor ids = int64_arg(slots, "slots");
   locked([&] { pool_.free_swa_many(ids.data_ptr<int64_t>(), static_cast<size_t>(ids.numel())); });
 }
 
@@ -75,7 +68,7 @@ at::Tensor TypePoolHolder::alloc_compress_n(int64_t n) {
   return to_tensor(locked([&] { return pool_.alloc_compress_n(n); }));
 }
 void TypePoolHolder::free_compress_many(const at::Tensor& ids) {
-  const at::Tensor batch = id_batch(ids, "ids");
+  const at::Tensor batch = int64_arg(ids, "ids");
   locked([&] { pool_.free_compress_many(batch.data_ptr<int64_t>(), static_cast<size_t>(batch.numel())); });
 }
 
@@ -136,7 +129,7 @@ at::Tensor CoordinatorHolder::alloc_swa_n(int64_t n) {
   return to_tensor(locked([&] { return coord_.alloc_swa_n(n); }));
 }
 void CoordinatorHolder::free_swa_many(const at::Tensor& slots) {
-  const at::Tensor ids = id_batch(slots, "slots");
+  const at::Tensor ids = int64_arg(slots, "slots");
   locked([&] { coord_.free_swa_many(ids.data_ptr<int64_t>(), static_cast<size_t>(ids.numel())); });
 }
 
@@ -152,7 +145,7 @@ at::Tensor CoordinatorHolder::alloc_compress_n(int64_t type, int64_t n) {
   return to_tensor(locked([&] { return coord_.alloc_compress_n(type, n); }));
 }
 void CoordinatorHolder::free_compress_many(int64_t type, const at::Tensor& ids) {
-  const at::Tensor batch = id_batch(ids, "ids");
+  const at::Tensor batch = int64_arg(ids, "ids");
   locked([&] { coord_.free_compress_many(type, batch.data_ptr<int64_t>(), static_cast<size_t>(batch.numel())); });
 }
 bool CoordinatorHolder::can_allocate_jointly(int64_t n_swa, std::vector<int64_t> compress_demand) {

@@ -32,11 +32,20 @@ std::vector<int32_t> tokens(int64_t n, int32_t seed) {
 }
 
 // Prefill a whole prompt in one chunk and sample one token.
+void chunk(KvManager& m, int64_t id, int64_t n, int32_t sampled = -1) {
+  m.ensure_for_tokens(&id, &n, 1);
+  m.commit_prefill(&id, &n, &sampled, 1);
+}
+
 void prefill(KvManager& m, int64_t id, int64_t cached, const std::vector<int32_t>& toks) {
-  const auto n = static_cast<int64_t>(toks.size()) - cached;
-  m.ensure_for_tokens(id, n);
-  const int32_t sampled = 7;
-  m.commit_prefill(id, n, &sampled, 1);
+  chunk(m, id, static_cast<int64_t>(toks.size()) - cached, 7);
+}
+
+void decode_step(KvManager& m, int64_t id) {
+  m.append(&id, 1, 1);
+  const int64_t one = 1;
+  const int32_t tok = 9;
+  m.commit_decode(&id, &one, &tok, 1);
 }
 
 class BothLayouts : public ::testing::TestWithParam<bool> {};
@@ -57,14 +66,13 @@ TEST_P(BothLayouts, AllocatePrefillDecodeFree) {
   for (int step = 0; step < 200; ++step) {
     const int64_t id = 1;
     ASSERT_EQ(m.can_append(&id, 1, 1), 1);
-    m.append(&id, 1, 1);
-    const int32_t tok = 9;
-    m.commit_decode(1, &tok, 1);
+    decode_step(m, 1);
     m.check_invariants();
   }
   EXPECT_EQ(m.num_computed(1), 500);
   EXPECT_EQ(m.logical_table(1).size(), 4u);
-  m.deallocate(1);
+  const int64_t one = 1;
+  m.deallocate(&one, 1);
   m.check_invariants();
   EXPECT_EQ(m.free_logical_blocks(), 32);
   EXPECT_EQ(m.held_swa_slots(), 0);
@@ -74,13 +82,11 @@ TEST_P(BothLayouts, PrefixHitReusesBlocksAndTheirRows) {
   KvManager m(small_config(GetParam()));
   const auto t = tokens(512, 2);  // 4 full blocks
   m.allocate(1, t.data(), 512);
-  for (int chunk = 0; chunk < 4; ++chunk) {  // block-sized chunks write every SWA row
-    m.ensure_for_tokens(1, kBs);
-    m.commit_prefill(1, kBs, nullptr, 0);
-  }
+  for (int c = 0; c < 4; ++c) chunk(m, 1, kBs);  // block-sized chunks write every SWA row
   const auto logical = m.logical_table(1);
   const auto phys0 = m.phys_table(1, 0);
-  m.deallocate(1);
+  const int64_t first = 1;
+  m.deallocate(&first, 1);
   // The last block is never a hit; blocks 0..2 are, gated by the SWA window tail.
   EXPECT_EQ(m.can_allocate(t.data(), 512), 3);
   EXPECT_EQ(m.allocate(2, t.data(), 512), 3 * kBs);
@@ -98,7 +104,8 @@ TEST_P(BothLayouts, OneChunkPrefillOnlyWritesTheWindow) {
   const auto t = tokens(512, 2);
   m.allocate(1, t.data(), 512);
   prefill(m, 1, 0, t);  // window-only: SWA block 2 was never written
-  m.deallocate(1);
+  const int64_t first = 1;
+  m.deallocate(&first, 1);
   EXPECT_EQ(m.can_allocate(t.data(), 512), 0);  // the trailing-window gate refuses the stale window (H-o)
 }
 
@@ -107,7 +114,8 @@ TEST_P(BothLayouts, PartlyWrittenSwaBlocksAreNotPublished) {  // H7
   const auto t = tokens(300, 3);
   m.allocate(1, t.data(), 300);
   prefill(m, 1, 0, t);  // SWA block 1 holds positions 172..255 only
-  m.deallocate(1);
+  const int64_t first = 1;
+  m.deallocate(&first, 1);
   std::vector<int32_t> longer = t;
   longer.resize(600, 5);
   // Compress blocks 0 and 1 hit, but SWA block 1 was partly written: the gate stops the hit.
@@ -120,12 +128,18 @@ TEST_P(BothLayouts, ErrorsLeaveStateUnchanged) {
   m.allocate(1, t.data(), 200);
   const auto before = m.to_state();
   EXPECT_THROW(m.allocate(1, t.data(), 200), InvalidArgument);
-  EXPECT_THROW(m.ensure_for_tokens(1, 201), InvalidArgument);
-  EXPECT_THROW(m.ensure_for_tokens(2, 1), InvalidArgument);
-  EXPECT_THROW(m.commit_prefill(1, 300, nullptr, 0), InvalidArgument);
-  const int64_t id = 1;
+  const int64_t id = 1, unknown = 2, too_many = 201, ok = 10, one = 1;
+  const int32_t none = -1, sampled = 3;
+  EXPECT_THROW(m.ensure_for_tokens(&id, &too_many, 1), InvalidArgument);
+  EXPECT_THROW(m.ensure_for_tokens(&unknown, &one, 1), InvalidArgument);
+  const int64_t pair[2] = {1, 2}, counts[2] = {ok, ok};
+  EXPECT_THROW(m.ensure_for_tokens(pair, counts, 2), InvalidArgument);  // second unknown: first untouched
+  EXPECT_THROW(m.commit_prefill(&id, &too_many, &none, 1), InvalidArgument);
+  EXPECT_THROW(m.commit_prefill(&id, &ok, &sampled, 1), InvalidArgument);  // sampled before the prompt end
   EXPECT_THROW(m.can_append(&id, 1, 1), InvalidArgument);  // still in prefill
-  EXPECT_THROW(m.commit_decode(1, t.data(), 1), InvalidArgument);
+  EXPECT_THROW(m.commit_decode(&id, &one, t.data(), 1), InvalidArgument);
+  const int64_t twice[2] = {1, 1};
+  EXPECT_THROW(m.deallocate(twice, 2), InvalidArgument);
   const auto big = tokens(17 * kBs, 5);
   EXPECT_THROW(m.allocate(3, big.data(), 17 * kBs), InvalidArgument);  // > max_blocks_per_seq
   EXPECT_EQ(m.to_state(), before);

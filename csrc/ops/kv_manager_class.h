@@ -1,0 +1,73 @@
+// torch.classes.ukv.KvManager: the torchbind holder of the C++ KV manager and
+// of its graph-safe staging buffers (registered in bindings.cpp).
+//
+// Calls are coarse: whole sequences and whole batches, ids/counts/tokens as
+// 1-D CPU tensors, so a decode step costs a few torchbind calls, not one per
+// block. A mutex serialises calls from several threads.
+#pragma once
+
+#include <torch/custom_class.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/kv_manager.h"
+#include "ops/table_stager.h"
+
+namespace ukv::ops {
+
+class KvManagerHolder : public torch::CustomClassHolder {
+ public:
+  KvManagerHolder(c10::Dict<std::string, int64_t> options, std::vector<int64_t> compress_ks,
+                  std::vector<int64_t> type_slots, double checkpoint_frac, std::string device);
+  KvManagerHolder(std::unique_ptr<KvManager> manager, std::string device);
+
+  int64_t can_allocate(const at::Tensor& tokens);
+  int64_t allocate(int64_t seq_id, const at::Tensor& tokens);
+  void ensure_for_tokens(const at::Tensor& seq_ids, const at::Tensor& counts);
+  void commit_prefill(const at::Tensor& seq_ids, const at::Tensor& counts, const at::Tensor& sampled);
+  int64_t can_append(const at::Tensor& seq_ids, int64_t num_new_tokens);
+  void append(const at::Tensor& seq_ids, int64_t num_new_tokens);
+  void commit_decode(const at::Tensor& seq_ids, const at::Tensor& counts, const at::Tensor& tokens);
+  void deallocate(const at::Tensor& seq_ids);
+  void clear_cache();
+
+  bool has_sequence(int64_t seq_id);
+  int64_t num_sequences();
+  int64_t num_computed(int64_t seq_id);
+  int64_t num_tokens(int64_t seq_id);
+  at::Tensor logical_table(int64_t seq_id);
+  at::Tensor swa_table(int64_t seq_id);
+  at::Tensor phys_table(int64_t seq_id, int64_t type);
+
+  void stage(const at::Tensor& seq_ids);
+  void upload(int64_t rows);
+  void mark_uploaded();
+  void invalidate_staging();
+  at::Tensor host_tables();
+  at::Tensor tables();
+
+  std::vector<std::tuple<int64_t, int64_t, int64_t, bool>> take_events();
+  c10::Dict<std::string, int64_t> stats();
+  c10::Dict<std::string, int64_t> config();
+  std::vector<int64_t> compress_ks();
+  void check_invariants();
+
+  std::tuple<std::vector<int64_t>, std::string> get_state();
+  static c10::intrusive_ptr<KvManagerHolder> from_state(std::tuple<std::vector<int64_t>, std::string> state);
+  std::tuple<std::tuple<std::string, at::Tensor>, std::tuple<std::string, std::string>> obj_flatten();
+
+ private:
+  template <typename F> decltype(auto) locked(F&& fn);
+  void make_stager();
+
+  std::mutex mu_;
+  std::unique_ptr<KvManager> manager_;
+  std::string device_;
+  std::unique_ptr<TableStager> stager_;
+};
+
+}  // namespace ukv::ops
