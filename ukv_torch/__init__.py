@@ -10,6 +10,7 @@ BACKEND = _build_info.BACKEND
 
 from . import _fake_classes  # noqa: E402,F401  (after _C)
 from .manager import KvEventKind, KvManager  # noqa: E402
+from .planning import MODEL_PRESETS, KvPlan, plan_kv_layout  # noqa: E402
 from .allocator import (  # noqa: E402
     OutOfSlots,
     UnifiedKvCoordinator,
@@ -22,11 +23,14 @@ __version__ = "0.1.0"
 __all__ = [
     "BACKEND",
     "KvEventKind",
+    "KvPlan",
+    "MODEL_PRESETS",
     "KvManager",
     "OutOfSlots",
     "UnifiedKvCoordinator",
     "UnifiedTypePool",
     "slot_counts",
     "unified_slot_counts",
+    "plan_kv_layout",
     "__version__",
 ]
