@@ -62,9 +62,12 @@ KvManager::KvManager(KvManagerConfig config)
   if (cfg_.window > 0) {
     tail_blocks_ = std::max<int64_t>(1, (cfg_.window + cfg_.mtp_k - 1 + bs - 1) / bs);
     const int64_t chunk_span = span_blocks(cfg_.full_retain ? cfg_.max_num_batched_tokens : cfg_.window, bs);
-    const int64_t prefill_peak = std::max(tail_blocks_, span_blocks(cfg_.window, bs)) + chunk_span;
-    const int64_t decode_peak = span_blocks(cfg_.window + 2 * (1 + cfg_.mtp_k) - 1, bs);
-    swa_peak_ = std::max(prefill_peak, decode_peak);
+    // Prefill: the previous chunk's window (or the claimed hit tail) plus the
+    // blocks this chunk writes. Decode: the window of the first query plus the
+    // positions of this and the previous step's speculative tokens. After the
+    // prompt, held blocks (one window) never exceed the decode bound.
+    prefill_peak_ = std::max(tail_blocks_, span_blocks(cfg_.window, bs)) + chunk_span;
+    decode_peak_ = span_blocks(cfg_.window + 2 * (1 + cfg_.mtp_k) - 1, bs);
   }
   retention_blocks_ = cfg_.retention_interval / bs;
   const bool sparse = cfg_.full_retain && retention_blocks_ > 0;
@@ -266,7 +269,7 @@ KvManager::Admission KvManager::admission(const int32_t* tokens, int64_t n) cons
       --to_pop;
     }
   }
-  a.quota = swa_ ? quota_for(nb) : 0;
+  a.quota = swa_ ? quota_for(nb, false) : 0;
   a.ok = capacity_ok_now(a.quota, a.compress_demand, a.needs_reclaim);
   return a;
 }
@@ -441,8 +444,16 @@ void KvManager::apply_commit_prefill(Sequence& s, int64_t num_tokens, int32_t sa
   }
   s.num_computed = end;
   publish_full_blocks(s);
-  if (sampled >= 0) s.tokens.push_back(sampled);
   free_out_of_window(s, end);  // the computed length, never the scheduled one (H-j)
+  if (sampled < 0 || !swa_) {
+    if (sampled >= 0) s.tokens.push_back(sampled);
+    return;
+  }
+  s.tokens.push_back(sampled);
+  // Decoding from here on: the quota shrinks to the decode bound.
+  const int64_t quota = quota_for(static_cast<int64_t>(s.logical.size()), true);
+  swa_reserved_ += quota - s.swa_quota;
+  s.swa_quota = quota;
 }
 
 void KvManager::commit_prefill(const int64_t* seq_ids, const int64_t* counts, const int32_t* sampled, int64_t n) {
@@ -467,7 +478,7 @@ int64_t KvManager::can_append(const int64_t* seq_ids, int64_t n, int64_t num_new
     require(need <= cfg_.max_blocks_per_seq, "sequence ", seq_ids[i], " would need ", need,
             " blocks, more than max_blocks_per_seq ", cfg_.max_blocks_per_seq);
     const int64_t add = std::max<int64_t>(0, need - static_cast<int64_t>(s.logical.size()));
-    const int64_t dq = swa_ ? quota_for(need) - s.swa_quota : 0;
+    const int64_t dq = swa_ ? quota_for(need, true) - s.swa_quota : 0;
     if (add == 0 && dq <= 0) continue;
     new_blocks += add;
     if (new_blocks > logical_.free_count()) return i;
@@ -492,14 +503,14 @@ void KvManager::append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens
     const int64_t need = blocks_for(s.num_computed + num_new_tokens);
     const int64_t add = std::max<int64_t>(0, need - static_cast<int64_t>(s.logical.size()));
     for (int64_t j = 0; j < add; ++j, cursor = logical_.free_list().next(cursor)) demand += coord_ && !logical_.is_bound(cursor);
-    if (swa_) extra_quota += std::max<int64_t>(0, quota_for(need) - s.swa_quota);
+    if (swa_) extra_quota += std::max<int64_t>(0, quota_for(need, true) - s.swa_quota);
   }
   if (!capacity_ok(extra_quota, demand, 0)) reclaim_until(extra_quota, demand);
   for (int64_t i = 0; i < n; ++i) {
     Sequence& s = seq(seq_ids[i]);
     const int64_t need = blocks_for(s.num_computed + num_new_tokens);
     if (swa_) {
-      const int64_t quota = std::max(s.swa_quota, quota_for(need));
+      const int64_t quota = std::max(s.swa_quota, quota_for(need, true));
       swa_reserved_ += quota - s.swa_quota;
       s.swa_quota = quota;
     }

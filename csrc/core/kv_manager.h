@@ -81,7 +81,9 @@ class KvManager {
   const KvManagerConfig& config() const { return cfg_; }
   int64_t num_types() const { return static_cast<int64_t>(cfg_.compress_ks.size()); }
   int64_t tail_blocks() const { return tail_blocks_; }
-  int64_t swa_quota_bound() const { return swa_peak_; }
+  // SWA quota bounds: a prefilling sequence, a decoding one (window + 2 speculative spans).
+  int64_t prefill_quota_bound() const { return prefill_peak_; }
+  int64_t decode_quota_bound() const { return decode_peak_; }
   bool has_sequence(int64_t seq_id) const { return seqs_.count(seq_id) != 0; }
   int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
 
@@ -167,7 +169,9 @@ class KvManager {
   const Sequence& seq(int64_t seq_id) const;
   bool swa_enabled() const { return swa_ != nullptr; }
   int64_t blocks_for(int64_t tokens) const { return (tokens + cfg_.block_size - 1) / cfg_.block_size; }
-  int64_t quota_for(int64_t num_blocks) const { return std::min(swa_peak_, num_blocks); }
+  int64_t quota_for(int64_t num_blocks, bool decoding) const {
+    return std::min(decoding ? decode_peak_ : prefill_peak_, num_blocks);
+  }
   int64_t checkpoint_reserve() const { return swa_ ? swa_->checkpoint_capacity() : 0; }
   bool capacity_ok(int64_t extra_quota, int64_t compress_demand, int64_t extra_free) const;
   bool capacity_ok_now(int64_t extra_quota, int64_t compress_demand, bool& needs_reclaim) const;
@@ -201,7 +205,7 @@ class KvManager {
   void write_row(const Sequence& s, int64_t row, int64_t from, const StagingView& view);
 
   KvManagerConfig cfg_;
-  int64_t tail_blocks_ = 0, retention_blocks_ = 0, swa_peak_ = 0;
+  int64_t tail_blocks_ = 0, retention_blocks_ = 0, prefill_peak_ = 0, decode_peak_ = 0;
   std::unique_ptr<Coordinator> coord_;
   LogicalBlocks logical_;
   std::unique_ptr<SwaBlocks> swa_;

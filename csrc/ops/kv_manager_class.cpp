@@ -227,7 +227,8 @@ c10::Dict<std::string, int64_t> KvManagerHolder::config() {
     d.insert("max_num_seqs", c.max_num_seqs);
     d.insert("max_blocks_per_seq", c.max_blocks_per_seq);
     d.insert("tail_blocks", manager_->tail_blocks());
-    d.insert("swa_quota_bound", manager_->swa_quota_bound());
+    d.insert("prefill_quota_bound", manager_->prefill_quota_bound());
+    d.insert("decode_quota_bound", manager_->decode_quota_bound());
     return d;
   });
 }

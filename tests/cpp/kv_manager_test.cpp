@@ -170,7 +170,8 @@ TEST(KvManager, AdmissionCountsSwaQuotaJointlyWithCompress) {
   c.num_logical_blocks = 4;
   KvManager m(c);
   const auto t = tokens(100, 1);
-  EXPECT_EQ(m.swa_quota_bound(), 4);  // two window spans of 2 blocks at block 128
+  EXPECT_EQ(m.prefill_quota_bound(), 4);  // two window spans of 2 blocks at block 128
+  EXPECT_EQ(m.decode_quota_bound(), 2);   // window + 1 token: 2 blocks
   EXPECT_EQ(m.allocate(1, t.data(), 100), 0);  // quota min(4, 1 block) = 1
   EXPECT_EQ(m.swa_reserved(), 1);
   m.check_invariants();
