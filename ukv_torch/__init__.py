@@ -8,5 +8,29 @@ from ._loader import load_extension
 _build_info = load_extension()
 BACKEND = _build_info.BACKEND
 
+from . import _fake_ops  # noqa: E402,F401  (registers fake kernels; needs _C's schemas)
+from .ops import (  # noqa: E402
+    bind_compress_view,
+    csa_translate_pack,
+    decode_index_metadata,
+    hca_decode_indices,
+    paged_decode_indices,
+    paged_prefill_indices,
+    prefill_index_metadata,
+)
+from .unified_kv import UnifiedKv, allocate_unified_kv  # noqa: E402
+
 __version__ = "0.1.0"
-__all__ = ["BACKEND", "__version__"]
+__all__ = [
+    "BACKEND",
+    "__version__",
+    "UnifiedKv",
+    "allocate_unified_kv",
+    "bind_compress_view",
+    "csa_translate_pack",
+    "decode_index_metadata",
+    "hca_decode_indices",
+    "paged_decode_indices",
+    "paged_prefill_indices",
+    "prefill_index_metadata",
+]
