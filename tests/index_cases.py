@@ -133,8 +133,9 @@ def make_decode_step(rng: random.Random, *, contexts: List[int], q_lens: Optiona
                      num_padding=0, window=128, block_size=128, index_topk=64, unified=True,
                      table_cols: Optional[int] = None) -> Step:
     """A decode (or MTP verify, q_len > 1) step: sequence i has contexts[i] tokens
-    after this forward and q_lens[i] tokens in it; then num_padding bid -1 tokens."""
-    q_lens = q_lens or [1] * len(contexts)
+    after this forward and min(q_lens[i], contexts[i]) tokens in it; then
+    num_padding bid -1 tokens."""
+    q_lens = [min(q, ctx) for q, ctx in zip(q_lens or [1] * len(contexts), contexts)]
     num_swa_blocks, base = _layout(rng, unified, block_size)
     cols = table_cols or max(contexts) // block_size + 2
     n = len(contexts)
