@@ -5,6 +5,7 @@
 #   make test    C++ core unit tests (ctest) + the GPU-toolchain compile check + pytest
 #   make demo    python -m ukv_torch.demo
 #   make bench   the benchmarks in benchmarks/ (GPU ones need a GPU)
+#   make bench-kernels  the index-kernel benchmark (GPU machine; JSON in build/)
 
 PYTHON ?= python3
 # The default installs quickly here (a local CPU wheel); on a GPU host choose e.g.
@@ -90,6 +91,9 @@ demo: build
 bench: build cpp-test
 	$(BUILD_DIR)/bench_core --benchmark_min_time=0.2s
 	$(PYTHON) benchmarks/bench_allocator.py
+
+bench-kernels: build
+	$(PYTHON) benchmarks/bench_kernels.py --out build/bench_kernels.json
 
 clean:
 	rm -rf build $(BUILD_DIR) *.egg-info ukv_torch/_C*.so ukv_torch/_build_info.py
