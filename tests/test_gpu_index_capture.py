@@ -34,8 +34,9 @@ def prefill_case(seed, unified):
     rng = random.Random(seed)
     chunk_lens = [rng.randint(1, 30) for _ in range(3)]
     prefixes = [rng.choice([0, 127, rng.randint(0, 3000)]) for _ in range(3)]
-    step = make_prefill_step(rng, prefixes=prefixes, chunk_lens=chunk_lens, num_padding=PREFILL_TOKENS - sum(chunk_lens),
-                             index_topk=TOPK, window=WINDOW, unified=unified)
+    step = make_prefill_step(rng, prefixes=prefixes, chunk_lens=chunk_lens,
+                             num_padding=PREFILL_TOKENS - sum(chunk_lens), index_topk=TOPK, window=WINDOW,
+                             unified=unified)
     # Same table shape every time, so the captured graph can be reused.
     for table in (step.swa_table, step.csa_table, step.hca_table):
         for row in table:

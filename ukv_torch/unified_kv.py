@@ -70,5 +70,6 @@ def allocate_unified_kv(
     for ratio in compress_ratios:
         rows = rows_of(ratio)
         kv.append(torch.zeros(rows, head_dim, dtype=dtype, device=device))
-        rope.append(None if rope_head_dim is None else torch.zeros(rows, rope_head_dim, dtype=rope_dtype, device=device))
+        rope.append(None if rope_head_dim is None
+                    else torch.zeros(rows, rope_head_dim, dtype=rope_dtype, device=device))
     return UnifiedKv(kv, rope)

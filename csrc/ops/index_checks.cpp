@@ -13,30 +13,32 @@ namespace {
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
 // Checks the arguments of one op call; every message starts with the op name.
+// Every tensor must be on the backend's device type, and all on one device
+// (the first tensor checked fixes which).
 class ArgChecker {
  public:
-  ArgChecker(const char* op, const at::Tensor& anchor) : op_(op), device_(anchor.device()) {}
+  ArgChecker(const char* op, c10::DeviceType device_type) : op_(op), device_(device_type) {}
 
   // A contiguous int32 vector of exactly `len` elements.
-  int32_t* vector(const at::Tensor& t, const char* name, int64_t len) const {
+  int32_t* vector(const at::Tensor& t, const char* name, int64_t len) {
     int32_vector(t, name);
     TORCH_CHECK_VALUE(t.size(0) == len, op_, ": ", name, " must have ", len, " elements, got ", t.size(0));
     return t.data_ptr<int32_t>();
   }
 
   // An output: a contiguous int32 vector of any length.
-  int32_t* output(const at::Tensor& t, const char* name) const {
+  int32_t* output(const at::Tensor& t, const char* name) {
     int32_vector(t, name);
     return t.data_ptr<int32_t>();
   }
 
   kernels::SlicedOutput sliced_output(const at::Tensor& indptr, const char* indptr_name, const at::Tensor& out,
-                                      const char* out_name, int64_t num_tokens) const {
+                                      const char* out_name, int64_t num_tokens) {
     return {vector(indptr, indptr_name, num_tokens + 1), output(out, out_name), out.numel()};
   }
 
   // Token positions: int32 or int64, contiguous, `len` elements.
-  kernels::Positions positions(const at::Tensor& t, int64_t len) const {
+  kernels::Positions positions(const at::Tensor& t, int64_t len) {
     on_device(t, "positions");
     TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op_,
                      ": positions must be int32 or int64, got ", t.scalar_type());
@@ -48,7 +50,7 @@ class ArgChecker {
   }
 
   // An int32 2-D tensor, any strides, with `rows` rows (any count when rows < 0).
-  void matrix(const at::Tensor& t, const char* name, const char* shape, int64_t rows) const {
+  void matrix(const at::Tensor& t, const char* name, const char* shape, int64_t rows) {
     on_device(t, name);
     int32_dtype(t, name);
     TORCH_CHECK_VALUE(t.dim() == 2, op_, ": ", name, " must be 2-D ", shape, ", got ", t.dim(), "-D");
@@ -59,7 +61,7 @@ class ArgChecker {
   }
 
   // A block table: [num_seqs, blocks] with at least one column.
-  kernels::Table table(const at::Tensor& t, const char* name, int64_t rows) const {
+  kernels::Table table(const at::Tensor& t, const char* name, int64_t rows) {
     matrix(t, name, "[num_seqs, blocks]", rows);
     TORCH_CHECK_VALUE(t.size(1) >= 1, op_, ": ", name, " must have at least one column, got ", t.sizes());
     return {t.data_ptr<int32_t>(), static_cast<int32_t>(t.size(0)), static_cast<int32_t>(t.size(1)), t.stride(0),
@@ -91,7 +93,7 @@ class ArgChecker {
     return static_cast<int32_t>(k);
   }
 
-  int32_t num_tokens(const at::Tensor& batch_id) const {
+  int32_t num_tokens(const at::Tensor& batch_id) {
     on_device(batch_id, "batch_id");
     int32_dtype(batch_id, "batch_id");
     TORCH_CHECK_VALUE(batch_id.dim() == 1, op_, ": batch_id must be 1-D [num_tokens], got ", batch_id.dim(), "-D");
@@ -100,7 +102,7 @@ class ArgChecker {
     return static_cast<int32_t>(batch_id.size(0));
   }
 
-  int32_t num_seqs(const at::Tensor& per_seq, const char* name) const {
+  int32_t num_seqs(const at::Tensor& per_seq, const char* name) {
     int32_vector(per_seq, name);
     TORCH_CHECK_VALUE(per_seq.size(0) <= kInt32Max, op_, ": ", name, " has too many sequences: ", per_seq.size(0));
     return static_cast<int32_t>(per_seq.size(0));
@@ -109,7 +111,11 @@ class ArgChecker {
   const char* op() const { return op_; }
 
  private:
-  void on_device(const at::Tensor& t, const char* name) const {
+  void on_device(const at::Tensor& t, const char* name) {
+    if (!device_fixed_ && t.device().type() == device_.type()) {
+      device_ = t.device();
+      device_fixed_ = true;
+    }
     TORCH_CHECK(t.device() == device_, op_, ": ", name, " must be on ", device_, " like the other arguments, got ",
                 t.device());
   }
@@ -117,10 +123,10 @@ class ArgChecker {
     TORCH_CHECK_TYPE(t.scalar_type() == at::kInt, op_, ": ", name, " must be int32, got ", t.scalar_type());
   }
   void contiguous(const at::Tensor& t, const char* name) const {
-    TORCH_CHECK_VALUE(t.numel() <= 1 || t.stride(0) == 1, op_, ": ", name, " must be contiguous (stride 1), got stride ",
-                      t.stride(0));
+    TORCH_CHECK_VALUE(t.numel() <= 1 || t.stride(0) == 1, op_, ": ", name,
+                      " must be contiguous (stride 1), got stride ", t.stride(0));
   }
-  void int32_vector(const at::Tensor& t, const char* name) const {
+  void int32_vector(const at::Tensor& t, const char* name) {
     on_device(t, name);
     int32_dtype(t, name);
     TORCH_CHECK_VALUE(t.dim() == 1, op_, ": ", name, " must be 1-D, got ", t.dim(), "-D");
@@ -129,15 +135,17 @@ class ArgChecker {
 
   const char* op_;
   at::Device device_;
+  bool device_fixed_ = false;
 };
 
 }  // namespace
 
 kernels::CsaTranslatePackParams check_csa_translate_pack(
-    const at::Tensor& topk_local, const at::Tensor& block_table, const at::Tensor& positions,
-    const at::Tensor& batch_id, const at::Tensor& kv_indptr, const std::optional<at::Tensor>& skip_per_token,
-    const at::Tensor& kv_indices, int64_t compress_base, int64_t window, int64_t compress_ratio, int64_t block_size) {
-  const ArgChecker c("csa_translate_pack", kv_indices);
+    c10::DeviceType device_type, const at::Tensor& topk_local, const at::Tensor& block_table,
+    const at::Tensor& positions, const at::Tensor& batch_id, const at::Tensor& kv_indptr,
+    const std::optional<at::Tensor>& skip_per_token, const at::Tensor& kv_indices, int64_t compress_base,
+    int64_t window, int64_t compress_ratio, int64_t block_size) {
+  ArgChecker c("csa_translate_pack", device_type);
   kernels::CsaTranslatePackParams p{};
   p.num_tokens = c.num_tokens(batch_id);
   p.batch_id = batch_id.data_ptr<int32_t>();
@@ -166,11 +174,12 @@ kernels::CsaTranslatePackParams check_csa_translate_pack(
 }
 
 kernels::PagedDecodeParams check_paged_decode_indices(
-    const at::Tensor& swa_block_table, const at::Tensor& positions, const at::Tensor& batch_id,
-    const at::Tensor& swa_indptr, const at::Tensor& swa_indices, const std::optional<at::Tensor>& csa_indptr,
-    const std::optional<at::Tensor>& csa_indices, const std::optional<at::Tensor>& hca_indptr,
-    const std::optional<at::Tensor>& hca_indices, int64_t window, int64_t block_size) {
-  const ArgChecker c("paged_decode_indices", swa_indices);
+    c10::DeviceType device_type, const at::Tensor& swa_block_table, const at::Tensor& positions,
+    const at::Tensor& batch_id, const at::Tensor& swa_indptr, const at::Tensor& swa_indices,
+    const std::optional<at::Tensor>& csa_indptr, const std::optional<at::Tensor>& csa_indices,
+    const std::optional<at::Tensor>& hca_indptr, const std::optional<at::Tensor>& hca_indices, int64_t window,
+    int64_t block_size) {
+  ArgChecker c("paged_decode_indices", device_type);
   kernels::PagedDecodeParams p{};
   p.num_tokens = c.num_tokens(batch_id);
   p.batch_id = batch_id.data_ptr<int32_t>();
@@ -190,11 +199,11 @@ kernels::PagedDecodeParams check_paged_decode_indices(
   return p;
 }
 
-kernels::HcaDecodeParams check_hca_decode_indices(const at::Tensor& hca_block_table, const at::Tensor& batch_id,
-                                                  const at::Tensor& n_committed_hca, const at::Tensor& hca_indptr,
-                                                  const at::Tensor& hca_indices, int64_t compress_base,
-                                                  int64_t compress_ratio, int64_t block_size) {
-  const ArgChecker c("hca_decode_indices", hca_indices);
+kernels::HcaDecodeParams check_hca_decode_indices(
+    c10::DeviceType device_type, const at::Tensor& hca_block_table, const at::Tensor& batch_id,
+    const at::Tensor& n_committed_hca, const at::Tensor& hca_indptr, const at::Tensor& hca_indices,
+    int64_t compress_base, int64_t compress_ratio, int64_t block_size) {
+  ArgChecker c("hca_decode_indices", device_type);
   kernels::HcaDecodeParams p{};
   p.num_tokens = c.num_tokens(batch_id);
   p.batch_id = batch_id.data_ptr<int32_t>();
@@ -208,13 +217,13 @@ kernels::HcaDecodeParams check_hca_decode_indices(const at::Tensor& hca_block_ta
 }
 
 kernels::PagedPrefillParams check_paged_prefill_indices(
-    const at::Tensor& positions, const at::Tensor& batch_id, const at::Tensor& chunk_start,
+    c10::DeviceType device_type, const at::Tensor& positions, const at::Tensor& batch_id, const at::Tensor& chunk_start,
     const at::Tensor& query_start, const at::Tensor& n_committed_hca, const at::Tensor& swa_block_table,
     const at::Tensor& hca_block_table, const at::Tensor& extend_indptr, const at::Tensor& swa_indptr,
     const at::Tensor& csa_indptr, const at::Tensor& hca_indptr, const at::Tensor& extend_indices,
     const at::Tensor& swa_indices, const at::Tensor& csa_indices, const at::Tensor& hca_indices,
     int64_t compress_base, int64_t window, int64_t compress_ratio, int64_t block_size) {
-  const ArgChecker c("paged_prefill_indices", hca_indices);
+  ArgChecker c("paged_prefill_indices", device_type);
   kernels::PagedPrefillParams p{};
   p.num_tokens = c.num_tokens(batch_id);
   p.batch_id = batch_id.data_ptr<int32_t>();
@@ -239,10 +248,11 @@ kernels::PagedPrefillParams check_paged_prefill_indices(
 }
 
 kernels::DecodeMetadataParams check_decode_index_metadata(
-    const at::Tensor& positions, const at::Tensor& batch_id, const at::Tensor& n_committed_csa,
-    const at::Tensor& n_committed_hca, const at::Tensor& swa_indptr, const at::Tensor& csa_indptr,
-    const at::Tensor& hca_indptr, int64_t window, int64_t index_topk, int64_t csa_ratio) {
-  const ArgChecker c("decode_index_metadata", swa_indptr);
+    c10::DeviceType device_type, const at::Tensor& positions, const at::Tensor& batch_id,
+    const at::Tensor& n_committed_csa, const at::Tensor& n_committed_hca, const at::Tensor& swa_indptr,
+    const at::Tensor& csa_indptr, const at::Tensor& hca_indptr, int64_t window, int64_t index_topk,
+    int64_t csa_ratio) {
+  ArgChecker c("decode_index_metadata", device_type);
   kernels::DecodeMetadataParams p{};
   p.num_tokens = c.num_tokens(batch_id);
   p.batch_id = batch_id.data_ptr<int32_t>();
@@ -260,11 +270,11 @@ kernels::DecodeMetadataParams check_decode_index_metadata(
 }
 
 kernels::PrefillMetadataParams check_prefill_index_metadata(
-    const at::Tensor& positions, const at::Tensor& batch_id, const at::Tensor& chunk_start,
+    c10::DeviceType device_type, const at::Tensor& positions, const at::Tensor& batch_id, const at::Tensor& chunk_start,
     const at::Tensor& n_committed_csa, const at::Tensor& n_committed_hca, const at::Tensor& extend_indptr,
     const at::Tensor& swa_indptr, const at::Tensor& csa_indptr, const at::Tensor& hca_indptr,
     const at::Tensor& prefix_swa_count, int64_t window, int64_t index_topk, int64_t csa_ratio, int64_t hca_ratio) {
-  const ArgChecker c("prefill_index_metadata", extend_indptr);
+  ArgChecker c("prefill_index_metadata", device_type);
   kernels::PrefillMetadataParams p{};
   p.num_tokens = c.num_tokens(batch_id);
   p.batch_id = batch_id.data_ptr<int32_t>();

@@ -22,6 +22,8 @@ void for_each_token(int32_t num_tokens, const PerToken& per_token) {
 }
 
 struct CpuBackend {
+  static constexpr c10::DeviceType kDeviceType = c10::DeviceType::CPU;
+
   static void run(const CsaTranslatePackParams& p, const at::Tensor&) {
     for_each_token(p.num_tokens, [&](int32_t t) {
       const int32_t bid = p.batch_id[t];

@@ -23,6 +23,8 @@ gpu::Error launch(const DecodeMetadataParams& p, gpu::Stream s) { return launch_
 gpu::Error launch(const PrefillMetadataParams& p, gpu::Stream s) { return launch_prefill_index_metadata(p, s); }
 
 struct CudaBackend {
+  static constexpr c10::DeviceType kDeviceType = c10::DeviceType::CUDA;
+
   template <class Params>
   static void run(const Params& p, const at::Tensor& anchor) {
     const c10::cuda::CUDAGuard device_guard(anchor.device());
