@@ -185,6 +185,22 @@ def composite_decode_metadata(d, ptrs):
         torch.cumsum(counts, 0, out=ptr[1:])
 
 
+def composite_prefill_metadata(d, ptrs, prefix_out):
+    real = d["batch_id"] >= 0
+    b = d["batch_id"].clamp(min=0).long()
+    p = d["positions"]
+    cs = d["chunk_start"][b].long()
+    swa_low = torch.clamp(p - WINDOW + 1, min=0)
+    extend_count = torch.clamp(p - cs + 1, max=WINDOW) * real
+    prefix = torch.clamp(cs - swa_low, min=0) * real
+    valid_k = torch.minimum(torch.clamp((p + 1) // CSA_RATIO, max=TOPK), d["n_csa"][b].long()) * real
+    n_hca = torch.minimum((p + 1) // HCA_RATIO, d["n_hca"][b].long()) * real
+    for ptr, counts in zip(ptrs, (extend_count, prefix, prefix + valid_k, prefix + n_hca)):
+        ptr[0] = 0
+        torch.cumsum(counts, 0, out=ptr[1:])
+    prefix_out.copy_(prefix)
+
+
 # ---- cases --------------------------------------------------------------------
 
 @dataclass
@@ -273,6 +289,22 @@ def decode_metadata_case(label, d):
                 lambda: composite_decode_metadata(d, ref_ptrs), lambda: (op_ptrs, ref_ptrs))
 
 
+def prefill_metadata_case(label, d):
+    n = d["batch_id"].numel()
+    dev = d["positions"].device
+    op_out = [torch.empty(n + 1, dtype=torch.int32, device=dev) for _ in range(4)] + [
+        torch.empty(n, dtype=torch.int32, device=dev)]
+    ref_out = [torch.empty(n + 1, dtype=torch.int32, device=dev) for _ in range(4)] + [
+        torch.empty(n, dtype=torch.int32, device=dev)]
+
+    def run_op():
+        ukv_torch.prefill_index_metadata(d["positions"], d["batch_id"], d["chunk_start"], d["n_csa"], d["n_hca"],
+                                         *op_out, window=WINDOW, index_topk=TOPK)
+
+    return Case("prefill_index_metadata", label, n, n * (8 + 4 + 12 + 20), run_op,
+                lambda: composite_prefill_metadata(d, ref_out[:4], ref_out[4]), lambda: (op_out, ref_out))
+
+
 def build_cases(device, quick):
     gen = torch.Generator(device=device)
     gen.manual_seed(0)
@@ -301,6 +333,8 @@ def build_cases(device, quick):
     cases.append(paged_prefill_case("prefill 1 seq 16K chunk at 112K", pre(16384, 112)))
     for t in (64, 512, 4096):
         cases.append(decode_metadata_case(f"decode T={t}", dec(t, 32)))
+    cases.append(prefill_metadata_case("prefill 1 seq 8K chunk at 0", pre(8192, 0)))
+    cases.append(prefill_metadata_case("prefill 1 seq 16K chunk at 112K", pre(16384, 112)))
     return cases
 
 
