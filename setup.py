@@ -40,7 +40,7 @@ def sources(backend):
     rel = lambda pattern: sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
     srcs = rel("csrc/*.cpp") + rel("csrc/core/*.cpp") + rel("csrc/ops/*.cpp")
     if backend is not None:
-        srcs += rel("csrc/ops/*.cu")
+        srcs += rel("csrc/kernels/*.cu") + rel("csrc/ops/*.cu")
     return srcs
 
 

@@ -9,8 +9,7 @@ _build_info = load_extension()
 BACKEND = _build_info.BACKEND
 
 from . import _fake_classes  # noqa: E402,F401  (after _C)
-from .manager import KvEventKind, KvManager  # noqa: E402
-from .planning import MODEL_PRESETS, KvPlan, plan_kv_layout  # noqa: E402
+from . import _fake_ops  # noqa: E402,F401  (registers fake kernels; needs _C's schemas)
 from .allocator import (  # noqa: E402
     OutOfSlots,
     UnifiedKvCoordinator,
@@ -18,19 +17,40 @@ from .allocator import (  # noqa: E402
     slot_counts,
     unified_slot_counts,
 )
+from .manager import KvEventKind, KvManager  # noqa: E402
+from .ops import (  # noqa: E402
+    bind_compress_view,
+    csa_translate_pack,
+    decode_index_metadata,
+    hca_decode_indices,
+    paged_decode_indices,
+    paged_prefill_indices,
+    prefill_index_metadata,
+)
+from .planning import MODEL_PRESETS, KvPlan, plan_kv_layout  # noqa: E402
+from .unified_kv import UnifiedKv, allocate_unified_kv  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [
     "BACKEND",
     "KvEventKind",
+    "KvManager",
     "KvPlan",
     "MODEL_PRESETS",
-    "KvManager",
     "OutOfSlots",
+    "UnifiedKv",
     "UnifiedKvCoordinator",
     "UnifiedTypePool",
+    "allocate_unified_kv",
+    "bind_compress_view",
+    "csa_translate_pack",
+    "decode_index_metadata",
+    "hca_decode_indices",
+    "paged_decode_indices",
+    "paged_prefill_indices",
+    "plan_kv_layout",
+    "prefill_index_metadata",
     "slot_counts",
     "unified_slot_counts",
-    "plan_kv_layout",
     "__version__",
 ]

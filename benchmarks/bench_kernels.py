@@ -1,0 +1,467 @@
+"""Index-kernel benchmark (run on the GPU machine): every index op over decode
+and prefill shapes, eager and CUDA-graph replay, beside the device-to-device
+copy bandwidth and a plain-torch composite of the same computation, all
+measured in this one run. Prints a markdown table; --out also writes JSON.
+
+    python benchmarks/bench_kernels.py [--out results.json] [--iters 2000]
+    python benchmarks/bench_kernels.py --device cpu --quick   # smoke run, no GPU
+
+Timing: eager = average of `iters` back-to-back calls between two CUDA events
+(per-call host cost included when it exceeds the kernel); graph = one call
+captured in a CUDA graph, replayed `iters` times between two events.
+Bytes moved count 4 bytes per int32 read and written per output cell (a
+translated top-k cell: top-k read + table read + write = 12 B), so at large
+batches "% copy" compares the kernel with a plain device-to-device copy of the
+same bytes. Every case also checks that the op and the composite agree.
+"""
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+import ukv_torch
+
+TOPK, WINDOW, BS, CSA_RATIO, HCA_RATIO = 1024, 128, 128, 4, 128
+CSA_K, HCA_K = BS // CSA_RATIO, BS // HCA_RATIO
+
+# Upstream Triton kernels on the same H200 (ARCHITECTURE.md): (graph us, eager us).
+REFERENCE = {
+    ("csa_translate_pack", "decode T=1 ctx 8K"): (1.65, 5.0),
+    ("csa_translate_pack", "decode T=256 ctx 32K"): (2.18, 13.7),
+    ("csa_translate_pack", "prefill T=2048 ctx 32K"): (5.06, 22.6),
+    ("csa_translate_pack", "prefill T=8192 ctx 64K"): (23.8, 33.3),
+    ("paged_decode_indices", "decode T=64 ctx 32K"): (1.65, 5.4),
+    ("paged_decode_indices", "decode T=512 ctx 32K"): (1.80, 6.2),
+    ("paged_decode_indices", "decode T=4096 ctx 32K"): (3.86, 8.6),
+    ("paged_prefill_indices", "prefill 1 seq 8K chunk at 0"): (8.8, 13.2),
+    ("paged_prefill_indices", "prefill 1 seq 16K chunk at 112K"): (27.4, 31.9),
+}
+
+
+# ---- inputs -------------------------------------------------------------------
+
+def i32(x):
+    return x.to(torch.int32)
+
+
+def decode_batch(num_tokens: int, ctx: int, device, gen) -> Dict[str, torch.Tensor]:
+    """num_tokens sequences of ctx tokens each, one decode token per sequence."""
+    cols = ctx // BS + 1
+    d = {
+        "positions": torch.full((num_tokens,), ctx - 1, dtype=torch.int64, device=device),
+        "batch_id": i32(torch.arange(num_tokens, device=device)),
+        "n_csa": torch.full((num_tokens,), ctx // CSA_RATIO, dtype=torch.int32, device=device),
+        "n_hca": torch.full((num_tokens,), ctx // HCA_RATIO, dtype=torch.int32, device=device),
+        "swa_table": i32(torch.randint(0, 4096, (num_tokens, cols), generator=gen, device=device)),
+        "csa_table": i32(torch.randint(0, 1 << 20, (num_tokens, cols), generator=gen, device=device)),
+        "hca_table": i32(torch.randint(0, 1 << 20, (num_tokens, cols), generator=gen, device=device)),
+    }
+    d["topk"] = i32(torch.randint(0, ctx // CSA_RATIO, (num_tokens, TOPK), generator=gen, device=device))
+    ptrs = [torch.empty(num_tokens + 1, dtype=torch.int32, device=device) for _ in range(3)]
+    ukv_torch.decode_index_metadata(d["positions"], d["batch_id"], d["n_csa"], d["n_hca"], *ptrs, window=WINDOW,
+                                    index_topk=TOPK)
+    d["swa_indptr"], d["csa_indptr"], d["hca_indptr"] = ptrs
+    return d
+
+
+def prefill_batch(num_tokens: int, start: int, device, gen) -> Dict[str, torch.Tensor]:
+    """One sequence computing positions [start, start + num_tokens)."""
+    ctx = start + num_tokens
+    cols = ctx // BS + 1
+    positions = torch.arange(start, ctx, dtype=torch.int64, device=device)
+    d = {
+        "positions": positions,
+        "batch_id": torch.zeros(num_tokens, dtype=torch.int32, device=device),
+        "chunk_start": torch.tensor([start], dtype=torch.int32, device=device),
+        "query_start": torch.zeros(1, dtype=torch.int32, device=device),
+        "n_csa": torch.tensor([ctx // CSA_RATIO], dtype=torch.int32, device=device),
+        "n_hca": torch.tensor([ctx // HCA_RATIO], dtype=torch.int32, device=device),
+        "swa_table": i32(torch.randint(0, 4096, (1, cols), generator=gen, device=device)),
+        "csa_table": i32(torch.randint(0, 1 << 20, (1, cols), generator=gen, device=device)),
+        "hca_table": i32(torch.randint(0, 1 << 20, (1, cols), generator=gen, device=device)),
+    }
+    visible = torch.clamp((positions + 1) // CSA_RATIO, min=1)
+    d["topk"] = i32((torch.rand((num_tokens, TOPK), generator=gen, device=device) * visible[:, None]).long())
+    ptrs = [torch.empty(num_tokens + 1, dtype=torch.int32, device=device) for _ in range(4)]
+    prefix = torch.empty(num_tokens, dtype=torch.int32, device=device)
+    ukv_torch.prefill_index_metadata(positions, d["batch_id"], d["chunk_start"], d["n_csa"], d["n_hca"], *ptrs,
+                                     prefix, window=WINDOW, index_topk=TOPK)
+    d["extend_indptr"], d["swa_indptr"], d["csa_indptr"], d["hca_indptr"] = ptrs
+    d["prefix_swa_count"] = prefix
+    return d
+
+
+def buffer(indptr: torch.Tensor) -> torch.Tensor:
+    """An output for indptr's slices plus one scratch cell (the composites' dump)."""
+    return torch.zeros(int(indptr[-1]) + 1, dtype=torch.int32, device=indptr.device)
+
+
+# ---- plain-torch composites (no host sync, so they can be captured too) ---------
+
+def scatter(out, indptr_base, lane, mask, values):
+    """out[indptr_base + lane] = values where mask; masked-off lanes go to the scratch cell."""
+    dst = torch.where(mask, indptr_base[:, None] + lane[None, :], out.numel() - 1)
+    out.index_put_((dst.reshape(-1).long(),), values.reshape(-1).to(torch.int32))
+
+
+def compress_rows(table, b, entries, k):
+    e = entries.clamp(0, table.shape[1] * k - 1).long()
+    return table[b[:, None], e // k].long() * k + e % k
+
+
+def composite_csa(d, out, skip):
+    real = d["batch_id"] >= 0
+    b = d["batch_id"].clamp(min=0).long()
+    indptr = d["csa_indptr"]
+    valid_k = indptr[1:] - indptr[:-1] - skip
+    lane = torch.arange(d["topk"].shape[1], device=out.device)
+    mask = (lane[None, :] < valid_k[:, None]) & real[:, None]
+    scatter(out, indptr[:-1], lane, mask, compress_rows(d["csa_table"], b, d["topk"], CSA_K))
+
+
+def swa_rows(table, b, first, lane):
+    a = (first[:, None] + lane[None, :]).clamp(min=0)
+    return table[b[:, None], (a // BS).clamp(max=table.shape[1] - 1)].long() * BS + a % BS
+
+
+def composite_paged_decode(d, outs):
+    real = d["batch_id"] >= 0
+    b = d["batch_id"].clamp(min=0).long()
+    n = torch.clamp(d["positions"] + 1, max=WINDOW)
+    lane = torch.arange(WINDOW, device=n.device)
+    mask = (lane[None, :] < n[:, None]) & real[:, None]
+    rows = swa_rows(d["swa_table"], b, d["positions"] - n + 1, lane)
+    for indptr, out in outs:
+        scatter(out, indptr[1:] - n, lane, mask, rows)
+
+
+def composite_hca_decode(d, out):
+    real = d["batch_id"] >= 0
+    b = d["batch_id"].clamp(min=0).long()
+    lane = torch.arange(d["hca_table"].shape[1] * HCA_K, device=out.device)
+    mask = (lane[None, :] < d["n_hca"][b][:, None]) & real[:, None]
+    scatter(out, d["hca_indptr"][:-1], lane, mask, compress_rows(d["hca_table"], b, lane.expand(b.shape[0], -1), HCA_K))
+
+
+def composite_paged_prefill(d, outs):
+    ext, swa, csa, hca = outs
+    real = d["batch_id"] >= 0
+    b = d["batch_id"].clamp(min=0).long()
+    p = d["positions"]
+    cs = d["chunk_start"][b]
+    tpic = p - cs
+    swa_low = torch.clamp(p - WINDOW + 1, min=0)
+    extend_count = torch.clamp(tpic + 1, max=WINDOW)
+    prefix = torch.clamp(cs - swa_low, min=0)
+    lane = torch.arange(WINDOW, device=p.device)
+    ext_mask = (lane[None, :] < extend_count[:, None]) & real[:, None]
+    scatter(ext, d["extend_indptr"][:-1], lane, ext_mask,
+            (d["query_start"][b] + tpic - extend_count + 1)[:, None] + lane[None, :])
+    mask = (lane[None, :] < prefix[:, None]) & real[:, None]
+    rows = swa_rows(d["swa_table"], b, swa_low, lane)
+    scatter(swa, d["swa_indptr"][:-1], lane, mask, rows)
+    scatter(hca, d["hca_indptr"][:-1], lane, mask, rows)
+    scatter(csa, d["csa_indptr"][1:] - prefix, lane, mask, rows)
+    n_hca = torch.minimum((p + 1) // HCA_RATIO, d["n_hca"][b].long())
+    hlane = torch.arange(d["hca_table"].shape[1] * HCA_K, device=p.device)
+    hmask = (hlane[None, :] < n_hca[:, None]) & real[:, None]
+    scatter(hca, d["hca_indptr"][:-1] + prefix, hlane, hmask,
+            compress_rows(d["hca_table"], b, hlane.expand(b.shape[0], -1), HCA_K))
+
+
+def composite_decode_metadata(d, ptrs):
+    real = d["batch_id"] >= 0
+    b = d["batch_id"].clamp(min=0).long()
+    p = d["positions"]
+    n_swa = torch.clamp(p + 1, max=WINDOW) * real
+    valid_k = torch.minimum(torch.clamp((p + 1) // CSA_RATIO, max=TOPK), d["n_csa"][b].long()) * real
+    n_hca = d["n_hca"][b] * real
+    for ptr, counts in zip(ptrs, (n_swa, n_swa + valid_k, n_swa + n_hca)):
+        ptr[0] = 0
+        torch.cumsum(counts, 0, out=ptr[1:])
+
+
+def composite_prefill_metadata(d, ptrs, prefix_out):
+    real = d["batch_id"] >= 0
+    b = d["batch_id"].clamp(min=0).long()
+    p = d["positions"]
+    cs = d["chunk_start"][b].long()
+    swa_low = torch.clamp(p - WINDOW + 1, min=0)
+    extend_count = torch.clamp(p - cs + 1, max=WINDOW) * real
+    prefix = torch.clamp(cs - swa_low, min=0) * real
+    valid_k = torch.minimum(torch.clamp((p + 1) // CSA_RATIO, max=TOPK), d["n_csa"][b].long()) * real
+    n_hca = torch.minimum((p + 1) // HCA_RATIO, d["n_hca"][b].long()) * real
+    for ptr, counts in zip(ptrs, (extend_count, prefix, prefix + valid_k, prefix + n_hca)):
+        ptr[0] = 0
+        torch.cumsum(counts, 0, out=ptr[1:])
+    prefix_out.copy_(prefix)
+
+
+# ---- cases --------------------------------------------------------------------
+
+@dataclass
+class Case:
+    op: str
+    label: str
+    num_tokens: int
+    bytes_moved: int
+    run_op: Callable[[], None]
+    run_composite: Callable[[], None]
+    outputs: Callable[[], List[torch.Tensor]]  # op results, then composite results, to compare
+    result: Dict[str, float] = field(default_factory=dict)
+
+
+def csa_case(label, d, prefill):
+    skip = d["prefix_swa_count"] if prefill else None
+    out_op, out_ref = buffer(d["csa_indptr"]), buffer(d["csa_indptr"])
+    composite_skip = skip if prefill else torch.clamp(d["positions"] + 1, max=WINDOW)
+    cells = int((d["csa_indptr"][1:] - d["csa_indptr"][:-1] - composite_skip).clamp(min=0).sum())
+
+    def run_op():
+        ukv_torch.csa_translate_pack(d["topk"], d["csa_table"], d["positions"], d["batch_id"], d["csa_indptr"],
+                                     out_op, compress_base=0, window=0 if prefill else WINDOW, skip_per_token=skip)
+
+    return Case("csa_translate_pack", label, d["batch_id"].numel(), 12 * cells, run_op,
+                lambda: composite_csa(d, out_ref, composite_skip), lambda: ([out_op[:-1]], [out_ref[:-1]]))
+
+
+def paged_decode_case(label, d):
+    names = ("swa", "csa", "hca")
+    op_outs = [buffer(d[n + "_indptr"]) for n in names]
+    ref_outs = [buffer(d[n + "_indptr"]) for n in names]
+    cells = int(torch.clamp(d["positions"] + 1, max=WINDOW).sum())
+
+    def run_op():
+        ukv_torch.paged_decode_indices(d["swa_table"], d["positions"], d["batch_id"], d["swa_indptr"], op_outs[0],
+                                       d["csa_indptr"], op_outs[1], d["hca_indptr"], op_outs[2], window=WINDOW)
+
+    return Case("paged_decode_indices", label, d["batch_id"].numel(), 16 * cells, run_op,
+                lambda: composite_paged_decode(d, [(d[n + "_indptr"], o) for n, o in zip(names, ref_outs)]),
+                lambda: ([o[:-1] for o in op_outs], [o[:-1] for o in ref_outs]))
+
+
+def hca_decode_case(label, d):
+    out_op, out_ref = buffer(d["hca_indptr"]), buffer(d["hca_indptr"])
+    cells = int(d["n_hca"][d["batch_id"].long()].sum())
+
+    def run_op():
+        ukv_torch.hca_decode_indices(d["hca_table"], d["batch_id"], d["n_hca"], d["hca_indptr"], out_op,
+                                     compress_base=0)
+
+    return Case("hca_decode_indices", label, d["batch_id"].numel(), 8 * cells, run_op,
+                lambda: composite_hca_decode(d, out_ref), lambda: ([out_op[:-1]], [out_ref[:-1]]))
+
+
+def paged_prefill_case(label, d):
+    names = ("extend", "swa", "csa", "hca")
+    op_outs = [buffer(d[n + "_indptr"]) for n in names]
+    ref_outs = [buffer(d[n + "_indptr"]) for n in names]
+    ends = {n: int(d[n + "_indptr"][-1]) for n in names}
+    hca_entries = ends["hca"] - ends["swa"]
+    bytes_moved = 4 * ends["extend"] + 16 * ends["swa"] + 8 * hca_entries
+
+    def run_op():
+        ukv_torch.paged_prefill_indices(d["positions"], d["batch_id"], d["chunk_start"], d["query_start"], d["n_hca"],
+                                        d["swa_table"], d["hca_table"], d["extend_indptr"], d["swa_indptr"],
+                                        d["csa_indptr"], d["hca_indptr"], *op_outs, compress_base=0, window=WINDOW)
+
+    # Only the prefill op's cells of the CSA buffer (its SWA tails) are compared;
+    # both sides leave the top-k heads at zero.
+    return Case("paged_prefill_indices", label, d["batch_id"].numel(), bytes_moved, run_op,
+                lambda: composite_paged_prefill(d, ref_outs),
+                lambda: ([o[:-1] for o in op_outs], [o[:-1] for o in ref_outs]))
+
+
+def decode_metadata_case(label, d):
+    n = d["batch_id"].numel()
+    op_ptrs = [torch.empty(n + 1, dtype=torch.int32, device=d["positions"].device) for _ in range(3)]
+    ref_ptrs = [torch.empty(n + 1, dtype=torch.int32, device=d["positions"].device) for _ in range(3)]
+
+    def run_op():
+        ukv_torch.decode_index_metadata(d["positions"], d["batch_id"], d["n_csa"], d["n_hca"], *op_ptrs,
+                                        window=WINDOW, index_topk=TOPK)
+
+    return Case("decode_index_metadata", label, n, n * (8 + 4 + 8 + 12), run_op,
+                lambda: composite_decode_metadata(d, ref_ptrs), lambda: (op_ptrs, ref_ptrs))
+
+
+def prefill_metadata_case(label, d):
+    n = d["batch_id"].numel()
+    dev = d["positions"].device
+    op_out = [torch.empty(n + 1, dtype=torch.int32, device=dev) for _ in range(4)] + [
+        torch.empty(n, dtype=torch.int32, device=dev)]
+    ref_out = [torch.empty(n + 1, dtype=torch.int32, device=dev) for _ in range(4)] + [
+        torch.empty(n, dtype=torch.int32, device=dev)]
+
+    def run_op():
+        ukv_torch.prefill_index_metadata(d["positions"], d["batch_id"], d["chunk_start"], d["n_csa"], d["n_hca"],
+                                         *op_out, window=WINDOW, index_topk=TOPK)
+
+    return Case("prefill_index_metadata", label, n, n * (8 + 4 + 12 + 20), run_op,
+                lambda: composite_prefill_metadata(d, ref_out[:4], ref_out[4]), lambda: (op_out, ref_out))
+
+
+def build_cases(device, quick):
+    gen = torch.Generator(device=device)
+    gen.manual_seed(0)
+    scale = 16 if quick else 1  # --quick divides token counts and contexts for a CPU smoke run
+    K = 1024 // scale
+
+    def dec(t, ctx):
+        return decode_batch(max(1, t // scale), ctx * K, device, gen)
+
+    def pre(t, start):
+        return prefill_batch(max(1, t // scale), start * K, device, gen)
+
+    cases = [
+        csa_case("decode T=1 ctx 8K", dec(1, 8), False),
+        csa_case("decode T=64 ctx 128K", dec(64, 128), False),
+        csa_case("decode T=256 ctx 32K", dec(256, 32), False),
+        csa_case("decode T=512 ctx 64K", dec(512, 64), False),
+        csa_case("prefill T=2048 ctx 32K", pre(2048, 30), True),
+        csa_case("prefill T=8192 ctx 64K", pre(8192, 56), True),
+    ]
+    for t in (64, 512, 4096):
+        cases.append(paged_decode_case(f"decode T={t} ctx 32K", dec(t, 32)))
+    for t, ctx in ((1, 128), (64, 128), (512, 32), (4096, 8)):
+        cases.append(hca_decode_case(f"decode T={t} ctx {ctx}K", dec(t, ctx)))
+    cases.append(paged_prefill_case("prefill 1 seq 8K chunk at 0", pre(8192, 0)))
+    cases.append(paged_prefill_case("prefill 1 seq 16K chunk at 112K", pre(16384, 112)))
+    for t in (64, 512, 4096):
+        cases.append(decode_metadata_case(f"decode T={t}", dec(t, 32)))
+    cases.append(prefill_metadata_case("prefill 1 seq 8K chunk at 0", pre(8192, 0)))
+    cases.append(prefill_metadata_case("prefill 1 seq 16K chunk at 112K", pre(16384, 112)))
+    return cases
+
+
+# ---- timing -------------------------------------------------------------------
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_eager(fn, iters, device) -> float:
+    """Microseconds per call of back-to-back calls."""
+    for _ in range(10):
+        fn()
+    sync(device)
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - start) / iters * 1e6
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / iters * 1e3
+
+
+def time_graph(fn, iters) -> float:
+    """Microseconds per replay of a graph holding one call."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(10):
+        graph.replay()
+    torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / iters * 1e3
+
+
+def copy_bandwidth(device, iters) -> Optional[float]:
+    """Device-to-device copy bandwidth in GB/s (bytes read + written)."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(1 << 28, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    us = time_eager(lambda: dst.copy_(src), max(10, iters // 100), device)
+    return 2 * src.numel() / (us * 1e-6) / 1e9
+
+
+def check(case: Case):
+    case.run_op()
+    case.run_composite()
+    ours, theirs = case.outputs()
+    for a, b in zip(ours, theirs):
+        if not torch.equal(a, b):
+            raise AssertionError(f"{case.op} [{case.label}]: op and composite disagree")
+
+
+def fmt(v, digits=2):
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
+    parser.add_argument("--out", help="also write the results as JSON to this path")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("bench_kernels: no CUDA device; nothing measured (use --device cpu --quick for a smoke run)")
+        return 0
+    if device.type == "cuda" and ukv_torch.BACKEND == "cpu":
+        print("bench_kernels: ukv_torch was built without GPU support; rebuild on a CUDA torch")
+        return 1
+    iters = 20 if args.quick else args.iters
+    copy_gbs = copy_bandwidth(device, iters)
+    rows = []
+    for case in build_cases(device, args.quick):
+        check(case)
+        r = case.result
+        r["eager_us"] = time_eager(case.run_op, iters, device)
+        r["composite_eager_us"] = time_eager(case.run_composite, max(5, iters // 20), device)
+        if device.type == "cuda":
+            r["graph_us"] = time_graph(case.run_op, iters)
+            r["composite_graph_us"] = time_graph(case.run_composite, max(5, iters // 20))
+        best = r.get("graph_us", r["eager_us"])
+        r["mb_moved"] = case.bytes_moved / 1e6
+        r["gb_per_s"] = case.bytes_moved / (best * 1e-6) / 1e9
+        ref = REFERENCE.get((case.op, case.label))
+        rows.append({"op": case.op, "case": case.label, "tokens": case.num_tokens,
+                     "reference_graph_us": ref and ref[0], "reference_eager_us": ref and ref[1], **r})
+        print(f"measured {case.op} [{case.label}]", file=sys.stderr)
+
+    print(f"\nDevice: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; torch "
+          f"{torch.__version__}; device-to-device copy {fmt(copy_gbs, 0)} GB/s; index_topk {TOPK}, window {WINDOW}, "
+          f"unified base 0" + ("; --quick: token counts and contexts divided by 16, labels are nominal" if args.quick
+                               else "") + "\n")
+    print("| op | case | graph us | eager us | ref graph / eager us | MB moved | GB/s | % copy | "
+          "torch composite graph / eager us |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        ref = "-" if row["reference_graph_us"] is None else f"{row['reference_graph_us']} / {row['reference_eager_us']}"
+        pct = None if copy_gbs is None else 100 * row["gb_per_s"] / copy_gbs
+        print(f"| {row['op']} | {row['case']} | {fmt(row.get('graph_us'))} | {fmt(row['eager_us'])} | {ref} | "
+              f"{fmt(row['mb_moved'], 3)} | {fmt(row['gb_per_s'], 0)} | {fmt(pct, 0)} | "
+              f"{fmt(row.get('composite_graph_us'), 1)} / {fmt(row['composite_eager_us'], 1)} |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": str(device), "torch": torch.__version__, "copy_gb_per_s": copy_gbs,
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

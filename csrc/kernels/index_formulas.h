@@ -1,0 +1,166 @@
+// Per-token formulas of the index builders (SPEC.md §2.3-2.6), written once
+// for the CPU loops and the GPU kernels. Everything here is total: any input
+// value gives an in-bounds read (table columns and compressed entries are
+// clamped, negative counts become 0), so a bad value can produce wrong row
+// numbers but never a wild memory access.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/compat.h"
+#include "kernels/index_params.h"
+
+namespace ukv::kernels {
+
+UKV_HOST_DEVICE int32_t min_i32(int32_t a, int32_t b) { return a < b ? a : b; }
+UKV_HOST_DEVICE int32_t max_i32(int32_t a, int32_t b) { return a > b ? a : b; }
+UKV_HOST_DEVICE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+UKV_HOST_DEVICE int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+UKV_HOST_DEVICE bool is_real_token(int32_t batch_id, int32_t num_seqs) {
+  return batch_id >= 0 && batch_id < num_seqs;
+}
+
+// Positions are read as int32: a position below 0 behaves like "no token yet"
+// (-1) and one past the int32 range is held where pos + 1 cannot overflow.
+UKV_HOST_DEVICE int32_t load_position(const Positions& positions, int32_t t) {
+  const int64_t p = positions.i64 ? positions.i64[t] : positions.i32[t];
+  return static_cast<int32_t>(min_i64(max_i64(p, -1), INT32_MAX - 1));
+}
+
+UKV_HOST_DEVICE int32_t table_at(const Table& table, int32_t row, int32_t col) {
+  return table.data[row * table.row_stride + col * table.col_stride];
+}
+
+// Rows of the sliding window visible to the token at pos: min(pos + 1, window).
+UKV_HOST_DEVICE int32_t swa_window_count(int32_t pos, int32_t window) {
+  return max_i32(min_i32(pos + 1, window), 0);
+}
+
+// CSA entries a token may attend to: its causal share (pos + 1) / ratio, capped
+// by what the sequence has committed and by index_topk (the strict valid_k).
+UKV_HOST_DEVICE int32_t csa_valid_count(int32_t pos, int32_t n_committed, int32_t index_topk,
+                                        int32_t csa_ratio) {
+  return max_i32(min_i32(min_i32((pos + 1) / csa_ratio, n_committed), index_topk), 0);
+}
+
+// HCA entries a prefill token may attend to: the per-token causal cap (H-e).
+UKV_HOST_DEVICE int32_t hca_causal_count(int32_t pos, int32_t n_committed, int32_t hca_ratio) {
+  return max_i32(min_i32((pos + 1) / hca_ratio, n_committed), 0);
+}
+
+// unified_kv row of SWA position a of a sequence: its block's id * block_size
+// plus the offset inside the block.
+UKV_HOST_DEVICE int32_t swa_row(const Table& swa_table, int32_t seq, int32_t a, int32_t block_size) {
+  const int32_t col = min_i32(max_i32(a / block_size, 0), swa_table.cols - 1);
+  const int64_t row = static_cast<int64_t>(table_at(swa_table, seq, col)) * block_size + a % block_size;
+  return static_cast<int32_t>(row);
+}
+
+// unified_kv row of a sequence's compressed entry e (k entries per block):
+// base + id(e / k) * k + e % k. Entries outside the table are clamped onto it,
+// which keeps the read in bounds for lanes past valid_k whose top-k cells hold
+// garbage (H-f); those lanes are never stored.
+UKV_HOST_DEVICE int32_t compress_row(const Table& table, int32_t seq, int32_t entry, int32_t rows_per_block,
+                                     int32_t compress_base) {
+  const int32_t last = table.cols * rows_per_block - 1;
+  const int32_t e = min_i32(max_i32(entry, 0), last);
+  const int64_t row = static_cast<int64_t>(compress_base) +
+                      static_cast<int64_t>(table_at(table, seq, e / rows_per_block)) * rows_per_block +
+                      e % rows_per_block;
+  return static_cast<int32_t>(row);
+}
+
+// The part of an output a token may write: its slice, clipped to the output.
+struct SliceBounds {
+  int64_t lo;
+  int64_t hi;
+};
+
+UKV_HOST_DEVICE SliceBounds slice_bounds(const SlicedOutput& out, int32_t t) {
+  return {max_i64(out.indptr[t], 0), min_i64(out.indptr[t + 1], out.size)};
+}
+
+UKV_HOST_DEVICE void store_in_slice(const SlicedOutput& out, const SliceBounds& b, int64_t cell, int32_t value) {
+  if (cell >= b.lo && cell < b.hi) out.data[cell] = value;
+}
+
+// HCA entries at the head of a decode token's slice: the sequence's committed
+// count (per sequence in decode, H8), capped by the slice length and the table
+// width so that a stale count neither writes past the slice nor reads past the
+// table row.
+UKV_HOST_DEVICE int32_t hca_decode_count(const HcaDecodeParams& p, int32_t t, int32_t bid) {
+  const int64_t slice = static_cast<int64_t>(p.out.indptr[t + 1]) - p.out.indptr[t];
+  const int64_t capacity = static_cast<int64_t>(p.table.cols) * p.rows_per_block;
+  return static_cast<int32_t>(max_i64(min_i64(min_i64(p.n_committed[bid], slice), capacity), 0));
+}
+
+// Prefill window split (SPEC §2.6): of the min(pos + 1, window) window rows,
+// extend_count come from this chunk (the forward's own kv) and prefix_swa_count
+// = max(chunk_start - swa_low, 0) from earlier chunks or the cached prefix
+// (unified_kv via the SWA table). For a valid token (chunk_start <= pos) that is
+// below window; the cap at window only bounds the work a bad chunk_start causes.
+struct PrefillWindow {
+  int32_t pos_in_chunk;
+  int32_t swa_low;
+  int32_t extend_count;
+  int32_t prefix_swa_count;
+};
+
+UKV_HOST_DEVICE PrefillWindow prefill_window(int32_t pos, int32_t chunk_start, int32_t window) {
+  PrefillWindow w;
+  w.pos_in_chunk = pos - chunk_start;
+  w.swa_low = max_i32(pos - window + 1, 0);
+  w.extend_count = max_i32(min_i32(w.pos_in_chunk + 1, window), 0);
+  w.prefix_swa_count = min_i32(max_i32(chunk_start - w.swa_low, 0), window);
+  return w;
+}
+
+// HCA entries in a prefill token's slice tail: the causal cap, held inside
+// the table width so the read stays in the row.
+UKV_HOST_DEVICE int32_t prefill_hca_count(const PagedPrefillParams& p, int32_t pos, int32_t bid) {
+  const int32_t causal = hca_causal_count(pos, p.n_committed_hca[bid], p.hca_ratio);
+  return static_cast<int32_t>(min_i64(causal, static_cast<int64_t>(p.hca_table.cols) * p.hca_rows_per_block));
+}
+
+// Slice lengths of one decode token (SPEC §2.4): SWA, CSA = [top-k | SWA] and
+// HCA = [committed | SWA]. Padding tokens get empty slices.
+struct DecodeTokenCounts {
+  int32_t swa;
+  int32_t csa;
+  int32_t hca;
+};
+
+UKV_HOST_DEVICE DecodeTokenCounts decode_token_counts(const DecodeMetadataParams& p, int32_t t) {
+  const int32_t bid = p.batch_id[t];
+  if (!is_real_token(bid, p.num_seqs)) return {0, 0, 0};
+  const int32_t pos = load_position(p.positions, t);
+  const int32_t n_swa = swa_window_count(pos, p.window);
+  const int32_t valid_k = csa_valid_count(pos, p.n_committed_csa[bid], p.index_topk, p.csa_ratio);
+  const int32_t n_hca = max_i32(p.n_committed_hca[bid], 0);
+  return {n_swa, n_swa + valid_k, n_swa + n_hca};
+}
+
+// Slice lengths of one prefill token (SPEC §2.6): extend, dense SWA prefix,
+// CSA = [top-k | SWA prefix], HCA = [SWA prefix | causal HCA], and the SWA
+// prefix count csa_translate_pack skips.
+struct PrefillTokenCounts {
+  int32_t extend;
+  int32_t swa;
+  int32_t csa;
+  int32_t hca;
+  int32_t prefix_swa;
+};
+
+UKV_HOST_DEVICE PrefillTokenCounts prefill_token_counts(const PrefillMetadataParams& p, int32_t t) {
+  const int32_t bid = p.batch_id[t];
+  if (!is_real_token(bid, p.num_seqs)) return {0, 0, 0, 0, 0};
+  const int32_t pos = load_position(p.positions, t);
+  const PrefillWindow w = prefill_window(pos, p.chunk_start[bid], p.window);
+  const int32_t valid_k = csa_valid_count(pos, p.n_committed_csa[bid], p.index_topk, p.csa_ratio);
+  const int32_t n_hca = hca_causal_count(pos, p.n_committed_hca[bid], p.hca_ratio);
+  const int32_t prefix = w.prefix_swa_count;
+  return {w.extend_count, prefix, prefix + valid_k, prefix + n_hca, prefix};
+}
+
+}  // namespace ukv::kernels

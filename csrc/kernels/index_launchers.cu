@@ -1,0 +1,86 @@
+// Launch configurations of the index kernels. Block sizes are multiples of 64
+// so that every block is whole wavefronts on AMD CDNA as well as whole warps on
+// NVIDIA. Compiled into the extension for GPU builds (setup.py) and on its own
+// by `make gpu-compile-check` with nvcc and hipcc.
+#include "kernels/index_launchers.h"
+
+#include <algorithm>
+
+#include "kernels/csa_translate_pack.cuh"
+#include "kernels/hca_decode_indices.cuh"
+#include "kernels/index_metadata.cuh"
+#include "kernels/paged_decode_indices.cuh"
+#include "kernels/paged_prefill_indices.cuh"
+
+namespace ukv::kernels {
+namespace {
+
+// Up to this many tokens a call is latency-bound: csa_translate_pack uses
+// small tiles (several blocks per token) and reads the top-k cells before
+// their count is known.
+constexpr int32_t kSmallBatchTokens = 512;
+// Blocks wanted in flight for a small batch, about two per multiprocessor on
+// current data-centre GPUs; only used to split long per-token runs.
+constexpr int32_t kTargetBlocks = 256;
+
+int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
+
+template <int kThreads, int kCellsPerThread, bool kLoadBeforeCount>
+gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream) {
+  const dim3 grid(p.num_tokens, ceil_div(p.topk_width, kThreads * kCellsPerThread));
+  csa_translate_pack_kernel<kThreads, kCellsPerThread, kLoadBeforeCount><<<grid, kThreads, 0, stream>>>(p);
+  return gpu::last_launch_error();
+}
+
+}  // namespace
+
+gpu::Error launch_csa_translate_pack(const CsaTranslatePackParams& p, gpu::Stream stream) {
+  if (p.num_tokens == 0 || p.topk_width == 0) return gpu::kSuccess;
+  if (p.num_tokens <= kSmallBatchTokens) return launch_csa_tiles<128, 2, true>(p, stream);
+  return launch_csa_tiles<256, 4, false>(p, stream);
+}
+
+gpu::Error launch_paged_decode_indices(const PagedDecodeParams& p, gpu::Stream stream) {
+  if (p.num_tokens == 0) return gpu::kSuccess;
+  constexpr int kThreads = 128;
+  paged_decode_indices_kernel<kThreads><<<p.num_tokens, kThreads, 0, stream>>>(p);
+  return gpu::last_launch_error();
+}
+
+gpu::Error launch_hca_decode_indices(const HcaDecodeParams& p, gpu::Stream stream) {
+  if (p.num_tokens == 0) return gpu::kSuccess;
+  constexpr int kThreads = 256;
+  // A part of at least one full pass of vector stores per block.
+  const int64_t max_entries = static_cast<int64_t>(p.table.cols) * p.rows_per_block;
+  const int32_t useful_parts = ceil_div(max_entries, 4 * kThreads);
+  const int32_t parts = std::max(1, std::min(useful_parts, kTargetBlocks / p.num_tokens));
+  hca_decode_indices_kernel<kThreads><<<dim3(p.num_tokens, parts), kThreads, 0, stream>>>(p);
+  return gpu::last_launch_error();
+}
+
+gpu::Error launch_paged_prefill_indices(const PagedPrefillParams& p, gpu::Stream stream) {
+  if (p.num_tokens == 0) return gpu::kSuccess;
+  constexpr int kThreads = 256;
+  paged_prefill_indices_kernel<kThreads><<<p.num_tokens, kThreads, 0, stream>>>(p);
+  return gpu::last_launch_error();
+}
+
+namespace {
+// One block covers the scan; whole wavefronts, and no more threads than tokens need.
+int32_t metadata_threads(int32_t num_tokens) {
+  const int32_t rounded = ceil_div(num_tokens, 64) * 64;
+  return std::max(64, std::min(rounded, kMetadataMaxThreads));
+}
+}  // namespace
+
+gpu::Error launch_decode_index_metadata(const DecodeMetadataParams& p, gpu::Stream stream) {
+  decode_index_metadata_kernel<<<1, metadata_threads(p.num_tokens), 0, stream>>>(p);
+  return gpu::last_launch_error();
+}
+
+gpu::Error launch_prefill_index_metadata(const PrefillMetadataParams& p, gpu::Stream stream) {
+  prefill_index_metadata_kernel<<<1, metadata_threads(p.num_tokens), 0, stream>>>(p);
+  return gpu::last_launch_error();
+}
+
+}  // namespace ukv::kernels

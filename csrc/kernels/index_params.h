@@ -1,0 +1,134 @@
+// Raw-pointer arguments of the index-building kernels. The ATen glue fills one
+// of these per call from validated tensors (csrc/ops/index_checks.cpp); the CPU
+// implementation and the GPU launchers both consume it, so the two paths see the
+// same sizes, strides and scalars. Torch-free and CUDA-free.
+//
+// Conventions shared by every op:
+// - T tokens, B sequences. A token whose batch id is outside [0, B) is padding
+//   (-1 is the graph-padding sentinel) and writes nothing.
+// - Per-token and per-sequence vectors are contiguous int32 (positions may be
+//   int64); 2-D tables and the top-k matrix carry their strides.
+// - Every output is a contiguous int32 vector addressed through an indptr: a
+//   token writes only inside its own slice [indptr[t], indptr[t+1]) of that
+//   output, clipped to the output's length, whatever the input values are.
+#pragma once
+
+#include <cstdint>
+
+namespace ukv::kernels {
+
+// A [rows, cols] int32 matrix read as data[r * row_stride + c * col_stride].
+struct Table {
+  const int32_t* data;
+  int32_t rows;
+  int32_t cols;
+  int64_t row_stride;
+  int64_t col_stride;
+};
+
+// Token positions, int32 or int64 (exactly one pointer is set).
+struct Positions {
+  const int32_t* i32;
+  const int64_t* i64;
+};
+
+// An output vector and the indptr that gives each token its slice.
+struct SlicedOutput {
+  const int32_t* indptr;  // [T + 1]
+  int32_t* data;
+  int64_t size;
+};
+
+struct CsaTranslatePackParams {
+  const int32_t* topk;  // [T, topk_width], sequence-local compressed entries
+  int64_t topk_row_stride;
+  int64_t topk_col_stride;
+  int32_t topk_width;
+  Table table;  // [B, cols] compress block ids (physical, or logical in the static split)
+  Positions positions;
+  const int32_t* batch_id;
+  const int32_t* skip;  // [T] SWA rows at the slice tail (prefill); null: min(pos+1, window)
+  SlicedOutput out;
+  int32_t num_tokens;
+  int32_t window;
+  int32_t rows_per_block;  // k = block_size / compress_ratio
+  int32_t compress_base;
+};
+
+struct PagedDecodeParams {
+  Table swa_table;  // [B, cols] SWA block ids
+  Positions positions;
+  const int32_t* batch_id;
+  SlicedOutput swa;
+  SlicedOutput csa;  // data == nullptr when not requested
+  SlicedOutput hca;  // data == nullptr when not requested
+  int32_t num_tokens;
+  int32_t window;
+  int32_t block_size;
+};
+
+struct HcaDecodeParams {
+  Table table;  // [B, cols] HCA block ids
+  const int32_t* batch_id;
+  const int32_t* n_committed;  // [B] committed HCA entries per sequence
+  SlicedOutput out;
+  int32_t num_tokens;
+  int32_t rows_per_block;
+  int32_t compress_base;
+};
+
+struct PagedPrefillParams {
+  Positions positions;
+  const int32_t* batch_id;
+  const int32_t* chunk_start;  // [B] position of each sequence's first token in this forward
+  const int32_t* query_start;  // [B] row of each sequence's first token in the forward's kv
+  const int32_t* n_committed_hca;  // [B]
+  Table swa_table;
+  Table hca_table;
+  SlicedOutput extend;
+  SlicedOutput swa;
+  SlicedOutput csa;
+  SlicedOutput hca;
+  int32_t num_tokens;
+  int32_t window;
+  int32_t block_size;
+  int32_t hca_ratio;
+  int32_t hca_rows_per_block;
+  int32_t compress_base;
+};
+
+struct DecodeMetadataParams {
+  Positions positions;
+  const int32_t* batch_id;
+  const int32_t* n_committed_csa;  // [B]
+  const int32_t* n_committed_hca;  // [B]
+  int32_t num_seqs;
+  int32_t* swa_indptr;  // [T + 1] each
+  int32_t* csa_indptr;
+  int32_t* hca_indptr;
+  int32_t num_tokens;
+  int32_t window;
+  int32_t index_topk;
+  int32_t csa_ratio;
+};
+
+struct PrefillMetadataParams {
+  Positions positions;
+  const int32_t* batch_id;
+  const int32_t* chunk_start;      // [B]
+  const int32_t* n_committed_csa;  // [B]
+  const int32_t* n_committed_hca;  // [B]
+  int32_t num_seqs;
+  int32_t* extend_indptr;  // [T + 1] each
+  int32_t* swa_indptr;
+  int32_t* csa_indptr;
+  int32_t* hca_indptr;
+  int32_t* prefix_swa_count;  // [T]
+  int32_t num_tokens;
+  int32_t window;
+  int32_t index_topk;
+  int32_t csa_ratio;
+  int32_t hca_ratio;
+};
+
+}  // namespace ukv::kernels

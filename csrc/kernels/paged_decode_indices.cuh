@@ -1,0 +1,45 @@
+// paged_decode_indices (SPEC §2.4): each decode token's sliding window,
+// positions [pos - n + 1, pos] with n = min(pos + 1, window), as unified_kv rows
+// through the SWA block table, written at the tail of its SWA slice and, when
+// requested, of its CSA and HCA slices (whose heads belong to
+// csa_translate_pack and hca_decode_indices). The SWA slice is exactly the
+// window, so its tail is the whole slice.
+//
+// One block per token; a window row is looked up once and stored into every
+// requested buffer. Consecutive threads write consecutive cells.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/compat.h"
+#include "kernels/index_formulas.h"
+
+namespace ukv::kernels {
+
+template <int kThreads>
+__global__ void paged_decode_indices_kernel(PagedDecodeParams p) {
+  const int32_t t = blockIdx.x;
+  const int32_t bid = p.batch_id[t];
+  if (!is_real_token(bid, p.swa_table.rows)) return;
+  const int32_t pos = load_position(p.positions, t);
+  const int32_t n = swa_window_count(pos, p.window);
+  const int32_t first = pos - n + 1;
+
+  const SliceBounds swa_bounds = slice_bounds(p.swa, t);
+  const int64_t swa_tail = p.swa.indptr[t + 1] - n;
+  const bool with_csa = p.csa.data != nullptr;
+  const bool with_hca = p.hca.data != nullptr;
+  const SliceBounds csa_bounds = with_csa ? slice_bounds(p.csa, t) : SliceBounds{0, 0};
+  const SliceBounds hca_bounds = with_hca ? slice_bounds(p.hca, t) : SliceBounds{0, 0};
+  const int64_t csa_tail = with_csa ? p.csa.indptr[t + 1] - n : 0;
+  const int64_t hca_tail = with_hca ? p.hca.indptr[t + 1] - n : 0;
+
+  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+    const int32_t row = swa_row(p.swa_table, bid, first + i, p.block_size);
+    store_in_slice(p.swa, swa_bounds, swa_tail + i, row);
+    if (with_csa) store_in_slice(p.csa, csa_bounds, csa_tail + i, row);
+    if (with_hca) store_in_slice(p.hca, hca_bounds, hca_tail + i, row);
+  }
+}
+
+}  // namespace ukv::kernels

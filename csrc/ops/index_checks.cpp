@@ -1,0 +1,298 @@
+#include "ops/index_checks.h"
+
+#include <c10/util/Exception.h>
+
+#include <limits>
+
+#include "core/errors.h"
+#include "core/sizing.h"
+
+namespace ukv::ops {
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+// Checks the arguments of one op call; every message starts with the op name.
+// Every tensor must be on the backend's device type, and all on one device
+// (the first tensor checked fixes which).
+class ArgChecker {
+ public:
+  ArgChecker(const char* op, c10::DeviceType device_type) : op_(op), device_(device_type) {}
+
+  // A contiguous int32 vector of exactly `len` elements.
+  int32_t* vector(const at::Tensor& t, const char* name, int64_t len) {
+    int32_vector(t, name);
+    TORCH_CHECK_VALUE(t.size(0) == len, op_, ": ", name, " must have ", len, " elements, got ", t.size(0));
+    return t.data_ptr<int32_t>();
+  }
+
+  // An output: a contiguous int32 vector of any length.
+  int32_t* output(const at::Tensor& t, const char* name) {
+    int32_vector(t, name);
+    return t.data_ptr<int32_t>();
+  }
+
+  kernels::SlicedOutput sliced_output(const at::Tensor& indptr, const char* indptr_name, const at::Tensor& out,
+                                      const char* out_name, int64_t num_tokens) {
+    return {vector(indptr, indptr_name, num_tokens + 1), output(out, out_name), out.numel()};
+  }
+
+  // Token positions: int32 or int64, contiguous, `len` elements.
+  kernels::Positions positions(const at::Tensor& t, int64_t len) {
+    on_device(t, "positions");
+    TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op_,
+                     ": positions must be int32 or int64, got ", t.scalar_type());
+    TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == len, op_, ": positions must have shape [", len, "], got ",
+                      t.sizes());
+    contiguous(t, "positions");
+    if (t.scalar_type() == at::kLong) return {nullptr, t.data_ptr<int64_t>()};
+    return {t.data_ptr<int32_t>(), nullptr};
+  }
+
+  // An int32 2-D tensor, any strides, with `rows` rows (any count when rows < 0).
+  void matrix(const at::Tensor& t, const char* name, const char* shape, int64_t rows) {
+    on_device(t, name);
+    int32_dtype(t, name);
+    TORCH_CHECK_VALUE(t.dim() == 2, op_, ": ", name, " must be 2-D ", shape, ", got ", t.dim(), "-D");
+    TORCH_CHECK_VALUE(rows < 0 || t.size(0) == rows, op_, ": ", name, " must have shape ", shape, " with ", rows,
+                      " rows, got ", t.sizes());
+    TORCH_CHECK_VALUE(t.size(0) <= kInt32Max && t.size(1) <= kInt32Max, op_, ": ", name, " is too large: ",
+                      t.sizes());
+  }
+
+  // A block table: [num_seqs, blocks] with at least one column.
+  kernels::Table table(const at::Tensor& t, const char* name, int64_t rows) {
+    matrix(t, name, "[num_seqs, blocks]", rows);
+    TORCH_CHECK_VALUE(t.size(1) >= 1, op_, ": ", name, " must have at least one column, got ", t.sizes());
+    return {t.data_ptr<int32_t>(), static_cast<int32_t>(t.size(0)), static_cast<int32_t>(t.size(1)), t.stride(0),
+            t.stride(1)};
+  }
+
+  // Rows of the table times k must stay addressable as int32 entries.
+  void table_entries_fit(const kernels::Table& table, const char* name, int32_t rows_per_block) const {
+    TORCH_CHECK_VALUE(static_cast<int64_t>(table.cols) * rows_per_block <= kInt32Max, op_, ": ", name, " with ",
+                      table.cols, " columns of ", rows_per_block, " entries exceeds the int32 entry range");
+  }
+
+  int32_t scalar(int64_t v, const char* name, int64_t lo) const {
+    TORCH_CHECK_VALUE(v >= lo && v <= kInt32Max, op_, ": ", name, " must be in [", lo, ", ", kInt32Max, "], got ",
+                      v);
+    return static_cast<int32_t>(v);
+  }
+
+  // k = block_size / compress_ratio, by the same rule as the pool sizing.
+  int32_t rows_per_block(int64_t compress_ratio, int64_t block_size) const {
+    scalar(block_size, "block_size", 1);
+    scalar(compress_ratio, "compress_ratio", 1);
+    int64_t k = 0;
+    try {
+      k = ukv::rows_per_compress_block(compress_ratio, block_size);
+    } catch (const ukv::InvalidArgument& e) {
+      TORCH_CHECK_VALUE(false, op_, ": ", e.what());
+    }
+    return static_cast<int32_t>(k);
+  }
+
+  int32_t num_tokens(const at::Tensor& batch_id) {
+    on_device(batch_id, "batch_id");
+    int32_dtype(batch_id, "batch_id");
+    TORCH_CHECK_VALUE(batch_id.dim() == 1, op_, ": batch_id must be 1-D [num_tokens], got ", batch_id.dim(), "-D");
+    TORCH_CHECK_VALUE(batch_id.size(0) < kInt32Max, op_, ": too many tokens: ", batch_id.size(0));
+    contiguous(batch_id, "batch_id");
+    return static_cast<int32_t>(batch_id.size(0));
+  }
+
+  int32_t num_seqs(const at::Tensor& per_seq, const char* name) {
+    int32_vector(per_seq, name);
+    TORCH_CHECK_VALUE(per_seq.size(0) <= kInt32Max, op_, ": ", name, " has too many sequences: ", per_seq.size(0));
+    return static_cast<int32_t>(per_seq.size(0));
+  }
+
+  const char* op() const { return op_; }
+
+ private:
+  void on_device(const at::Tensor& t, const char* name) {
+    if (!device_fixed_ && t.device().type() == device_.type()) {
+      device_ = t.device();
+      device_fixed_ = true;
+    }
+    TORCH_CHECK(t.device() == device_, op_, ": ", name, " must be on ", device_, " like the other arguments, got ",
+                t.device());
+  }
+  void int32_dtype(const at::Tensor& t, const char* name) const {
+    TORCH_CHECK_TYPE(t.scalar_type() == at::kInt, op_, ": ", name, " must be int32, got ", t.scalar_type());
+  }
+  void contiguous(const at::Tensor& t, const char* name) const {
+    TORCH_CHECK_VALUE(t.numel() <= 1 || t.stride(0) == 1, op_, ": ", name,
+                      " must be contiguous (stride 1), got stride ", t.stride(0));
+  }
+  void int32_vector(const at::Tensor& t, const char* name) {
+    on_device(t, name);
+    int32_dtype(t, name);
+    TORCH_CHECK_VALUE(t.dim() == 1, op_, ": ", name, " must be 1-D, got ", t.dim(), "-D");
+    contiguous(t, name);
+  }
+
+  const char* op_;
+  at::Device device_;
+  bool device_fixed_ = false;
+};
+
+}  // namespace
+
+kernels::CsaTranslatePackParams check_csa_translate_pack(
+    c10::DeviceType device_type, const at::Tensor& topk_local, const at::Tensor& block_table,
+    const at::Tensor& positions, const at::Tensor& batch_id, const at::Tensor& kv_indptr,
+    const std::optional<at::Tensor>& skip_per_token, const at::Tensor& kv_indices, int64_t compress_base,
+    int64_t window, int64_t compress_ratio, int64_t block_size) {
+  ArgChecker c("csa_translate_pack", device_type);
+  kernels::CsaTranslatePackParams p{};
+  p.num_tokens = c.num_tokens(batch_id);
+  p.batch_id = batch_id.data_ptr<int32_t>();
+  c.matrix(topk_local, "topk_local", "[num_tokens, index_topk]", p.num_tokens);
+  p.topk = topk_local.data_ptr<int32_t>();
+  p.topk_row_stride = topk_local.stride(0);
+  p.topk_col_stride = topk_local.stride(1);
+  p.topk_width = static_cast<int32_t>(topk_local.size(1));
+  p.rows_per_block = c.rows_per_block(compress_ratio, block_size);
+  p.table = c.table(block_table, "block_table", -1);
+  c.table_entries_fit(p.table, "block_table", p.rows_per_block);
+  p.positions = c.positions(positions, p.num_tokens);
+  p.out = c.sliced_output(kv_indptr, "kv_indptr", kv_indices, "kv_indices", p.num_tokens);
+  p.compress_base = c.scalar(compress_base, "compress_base", 0);
+  if (skip_per_token.has_value()) {
+    TORCH_CHECK_VALUE(window == 0, c.op(),
+                      ": pass either skip_per_token (prefill) or window > 0 (decode), not both; got window=", window);
+    p.skip = c.vector(*skip_per_token, "skip_per_token", p.num_tokens);
+  } else {
+    TORCH_CHECK_VALUE(window > 0, c.op(),
+                      ": window must be > 0 when skip_per_token is None (decode skips min(pos + 1, window)), got ",
+                      window);
+    p.window = c.scalar(window, "window", 1);
+  }
+  return p;
+}
+
+kernels::PagedDecodeParams check_paged_decode_indices(
+    c10::DeviceType device_type, const at::Tensor& swa_block_table, const at::Tensor& positions,
+    const at::Tensor& batch_id, const at::Tensor& swa_indptr, const at::Tensor& swa_indices,
+    const std::optional<at::Tensor>& csa_indptr, const std::optional<at::Tensor>& csa_indices,
+    const std::optional<at::Tensor>& hca_indptr, const std::optional<at::Tensor>& hca_indices, int64_t window,
+    int64_t block_size) {
+  ArgChecker c("paged_decode_indices", device_type);
+  kernels::PagedDecodeParams p{};
+  p.num_tokens = c.num_tokens(batch_id);
+  p.batch_id = batch_id.data_ptr<int32_t>();
+  p.swa_table = c.table(swa_block_table, "swa_block_table", -1);
+  p.positions = c.positions(positions, p.num_tokens);
+  p.swa = c.sliced_output(swa_indptr, "swa_indptr", swa_indices, "swa_indices", p.num_tokens);
+  TORCH_CHECK_VALUE(csa_indptr.has_value() == csa_indices.has_value(), c.op(),
+                    ": csa_indptr and csa_indices must be given together");
+  if (csa_indices.has_value())
+    p.csa = c.sliced_output(*csa_indptr, "csa_indptr", *csa_indices, "csa_indices", p.num_tokens);
+  TORCH_CHECK_VALUE(hca_indptr.has_value() == hca_indices.has_value(), c.op(),
+                    ": hca_indptr and hca_indices must be given together");
+  if (hca_indices.has_value())
+    p.hca = c.sliced_output(*hca_indptr, "hca_indptr", *hca_indices, "hca_indices", p.num_tokens);
+  p.window = c.scalar(window, "window", 1);
+  p.block_size = c.scalar(block_size, "block_size", 1);
+  return p;
+}
+
+kernels::HcaDecodeParams check_hca_decode_indices(
+    c10::DeviceType device_type, const at::Tensor& hca_block_table, const at::Tensor& batch_id,
+    const at::Tensor& n_committed_hca, const at::Tensor& hca_indptr, const at::Tensor& hca_indices,
+    int64_t compress_base, int64_t compress_ratio, int64_t block_size) {
+  ArgChecker c("hca_decode_indices", device_type);
+  kernels::HcaDecodeParams p{};
+  p.num_tokens = c.num_tokens(batch_id);
+  p.batch_id = batch_id.data_ptr<int32_t>();
+  p.rows_per_block = c.rows_per_block(compress_ratio, block_size);
+  p.table = c.table(hca_block_table, "hca_block_table", -1);
+  c.table_entries_fit(p.table, "hca_block_table", p.rows_per_block);
+  p.n_committed = c.vector(n_committed_hca, "n_committed_hca", p.table.rows);
+  p.out = c.sliced_output(hca_indptr, "hca_indptr", hca_indices, "hca_indices", p.num_tokens);
+  p.compress_base = c.scalar(compress_base, "compress_base", 0);
+  return p;
+}
+
+kernels::PagedPrefillParams check_paged_prefill_indices(
+    c10::DeviceType device_type, const at::Tensor& positions, const at::Tensor& batch_id, const at::Tensor& chunk_start,
+    const at::Tensor& query_start, const at::Tensor& n_committed_hca, const at::Tensor& swa_block_table,
+    const at::Tensor& hca_block_table, const at::Tensor& extend_indptr, const at::Tensor& swa_indptr,
+    const at::Tensor& csa_indptr, const at::Tensor& hca_indptr, const at::Tensor& extend_indices,
+    const at::Tensor& swa_indices, const at::Tensor& csa_indices, const at::Tensor& hca_indices,
+    int64_t compress_base, int64_t window, int64_t compress_ratio, int64_t block_size) {
+  ArgChecker c("paged_prefill_indices", device_type);
+  kernels::PagedPrefillParams p{};
+  p.num_tokens = c.num_tokens(batch_id);
+  p.batch_id = batch_id.data_ptr<int32_t>();
+  p.positions = c.positions(positions, p.num_tokens);
+  p.swa_table = c.table(swa_block_table, "swa_block_table", -1);
+  const int64_t num_seqs = p.swa_table.rows;
+  p.hca_rows_per_block = c.rows_per_block(compress_ratio, block_size);
+  p.hca_table = c.table(hca_block_table, "hca_block_table", num_seqs);
+  c.table_entries_fit(p.hca_table, "hca_block_table", p.hca_rows_per_block);
+  p.chunk_start = c.vector(chunk_start, "chunk_start", num_seqs);
+  p.query_start = c.vector(query_start, "query_start", num_seqs);
+  p.n_committed_hca = c.vector(n_committed_hca, "n_committed_hca", num_seqs);
+  p.extend = c.sliced_output(extend_indptr, "extend_indptr", extend_indices, "extend_indices", p.num_tokens);
+  p.swa = c.sliced_output(swa_indptr, "swa_indptr", swa_indices, "swa_indices", p.num_tokens);
+  p.csa = c.sliced_output(csa_indptr, "csa_indptr", csa_indices, "csa_indices", p.num_tokens);
+  p.hca = c.sliced_output(hca_indptr, "hca_indptr", hca_indices, "hca_indices", p.num_tokens);
+  p.compress_base = c.scalar(compress_base, "compress_base", 0);
+  p.window = c.scalar(window, "window", 1);
+  p.block_size = static_cast<int32_t>(block_size);
+  p.hca_ratio = static_cast<int32_t>(compress_ratio);
+  return p;
+}
+
+kernels::DecodeMetadataParams check_decode_index_metadata(
+    c10::DeviceType device_type, const at::Tensor& positions, const at::Tensor& batch_id,
+    const at::Tensor& n_committed_csa, const at::Tensor& n_committed_hca, const at::Tensor& swa_indptr,
+    const at::Tensor& csa_indptr, const at::Tensor& hca_indptr, int64_t window, int64_t index_topk,
+    int64_t csa_ratio) {
+  ArgChecker c("decode_index_metadata", device_type);
+  kernels::DecodeMetadataParams p{};
+  p.num_tokens = c.num_tokens(batch_id);
+  p.batch_id = batch_id.data_ptr<int32_t>();
+  p.positions = c.positions(positions, p.num_tokens);
+  p.num_seqs = c.num_seqs(n_committed_csa, "n_committed_csa");
+  p.n_committed_csa = n_committed_csa.data_ptr<int32_t>();
+  p.n_committed_hca = c.vector(n_committed_hca, "n_committed_hca", p.num_seqs);
+  p.swa_indptr = c.vector(swa_indptr, "swa_indptr", p.num_tokens + 1);
+  p.csa_indptr = c.vector(csa_indptr, "csa_indptr", p.num_tokens + 1);
+  p.hca_indptr = c.vector(hca_indptr, "hca_indptr", p.num_tokens + 1);
+  p.window = c.scalar(window, "window", 1);
+  p.index_topk = c.scalar(index_topk, "index_topk", 0);
+  p.csa_ratio = c.scalar(csa_ratio, "csa_ratio", 1);
+  return p;
+}
+
+kernels::PrefillMetadataParams check_prefill_index_metadata(
+    c10::DeviceType device_type, const at::Tensor& positions, const at::Tensor& batch_id, const at::Tensor& chunk_start,
+    const at::Tensor& n_committed_csa, const at::Tensor& n_committed_hca, const at::Tensor& extend_indptr,
+    const at::Tensor& swa_indptr, const at::Tensor& csa_indptr, const at::Tensor& hca_indptr,
+    const at::Tensor& prefix_swa_count, int64_t window, int64_t index_topk, int64_t csa_ratio, int64_t hca_ratio) {
+  ArgChecker c("prefill_index_metadata", device_type);
+  kernels::PrefillMetadataParams p{};
+  p.num_tokens = c.num_tokens(batch_id);
+  p.batch_id = batch_id.data_ptr<int32_t>();
+  p.positions = c.positions(positions, p.num_tokens);
+  p.num_seqs = c.num_seqs(chunk_start, "chunk_start");
+  p.chunk_start = chunk_start.data_ptr<int32_t>();
+  p.n_committed_csa = c.vector(n_committed_csa, "n_committed_csa", p.num_seqs);
+  p.n_committed_hca = c.vector(n_committed_hca, "n_committed_hca", p.num_seqs);
+  p.extend_indptr = c.vector(extend_indptr, "extend_indptr", p.num_tokens + 1);
+  p.swa_indptr = c.vector(swa_indptr, "swa_indptr", p.num_tokens + 1);
+  p.csa_indptr = c.vector(csa_indptr, "csa_indptr", p.num_tokens + 1);
+  p.hca_indptr = c.vector(hca_indptr, "hca_indptr", p.num_tokens + 1);
+  p.prefix_swa_count = c.vector(prefix_swa_count, "prefix_swa_count", p.num_tokens);
+  p.window = c.scalar(window, "window", 1);
+  p.index_topk = c.scalar(index_topk, "index_topk", 0);
+  p.csa_ratio = c.scalar(csa_ratio, "csa_ratio", 1);
+  p.hca_ratio = c.scalar(hca_ratio, "hca_ratio", 1);
+  return p;
+}
+
+}  // namespace ukv::ops

@@ -1,0 +1,73 @@
+"""Fake (meta) kernels of the index-building ops, for torch.compile and opcheck.
+
+The ops write their outputs in place and return nothing, so a fake kernel has
+no output to shape; it states the token-count rules between the arguments with
+``torch._check`` so that a traced call with mismatched sizes fails while
+tracing (with symbolic sizes, as a guard) rather than inside a replayed graph.
+Everything else (dtypes, strides, scalar ranges) is checked by the one C++
+validation function of each op when the real kernel runs.
+``bind_compress_view`` needs no fake: it is CompositeImplicitAutograd and
+traces as aten views.
+
+Imported by ``ukv_torch/__init__.py`` after ``_C`` has registered the schemas.
+"""
+import torch
+
+
+def _check_tokens(batch_id, per_token=(), indptrs=()):
+    num_tokens = batch_id.shape[0]
+    for t in per_token:
+        if t is not None:
+            torch._check(t.shape[0] == num_tokens, lambda: "per-token tensors must have batch_id's length")
+    for t in indptrs:
+        if t is not None:
+            torch._check(t.shape[0] == num_tokens + 1, lambda: "indptrs must have len(batch_id) + 1 entries")
+
+
+@torch.library.register_fake("ukv::csa_translate_pack")
+def _csa_translate_pack(topk_local, block_table, positions, batch_id, kv_indptr, skip_per_token, kv_indices, *,
+                        compress_base, window=0, compress_ratio=4, block_size=128):
+    _check_tokens(batch_id, per_token=(topk_local, positions, skip_per_token), indptrs=(kv_indptr,))
+
+
+@torch.library.register_fake("ukv::paged_decode_indices")
+def _paged_decode_indices(swa_block_table, positions, batch_id, swa_indptr, swa_indices, csa_indptr=None,
+                          csa_indices=None, hca_indptr=None, hca_indices=None, *, window, block_size=128):
+    _check_tokens(batch_id, per_token=(positions,), indptrs=(swa_indptr, csa_indptr, hca_indptr))
+
+
+@torch.library.register_fake("ukv::hca_decode_indices")
+def _hca_decode_indices(hca_block_table, batch_id, n_committed_hca, hca_indptr, hca_indices, *, compress_base,
+                        compress_ratio=128, block_size=128):
+    _check_tokens(batch_id, indptrs=(hca_indptr,))
+    torch._check(n_committed_hca.shape[0] == hca_block_table.shape[0],
+                 lambda: "n_committed_hca needs one entry per block-table row")
+
+
+@torch.library.register_fake("ukv::paged_prefill_indices")
+def _paged_prefill_indices(positions, batch_id, chunk_start, query_start, n_committed_hca, swa_block_table,
+                           hca_block_table, extend_indptr, swa_indptr, csa_indptr, hca_indptr, extend_indices,
+                           swa_indices, csa_indices, hca_indices, *, compress_base, window, compress_ratio=128,
+                           block_size=128):
+    _check_tokens(batch_id, per_token=(positions,), indptrs=(extend_indptr, swa_indptr, csa_indptr, hca_indptr))
+    num_seqs = swa_block_table.shape[0]
+    for t in (hca_block_table, chunk_start, query_start, n_committed_hca):
+        torch._check(t.shape[0] == num_seqs, lambda: "per-sequence tensors need one entry per block-table row")
+
+
+@torch.library.register_fake("ukv::decode_index_metadata")
+def _decode_index_metadata(positions, batch_id, n_committed_csa, n_committed_hca, swa_indptr, csa_indptr,
+                           hca_indptr, *, window, index_topk, csa_ratio=4):
+    _check_tokens(batch_id, per_token=(positions,), indptrs=(swa_indptr, csa_indptr, hca_indptr))
+    torch._check(n_committed_hca.shape[0] == n_committed_csa.shape[0],
+                 lambda: "n_committed_csa and n_committed_hca need one entry per sequence")
+
+
+@torch.library.register_fake("ukv::prefill_index_metadata")
+def _prefill_index_metadata(positions, batch_id, chunk_start, n_committed_csa, n_committed_hca, extend_indptr,
+                            swa_indptr, csa_indptr, hca_indptr, prefix_swa_count, *, window, index_topk,
+                            csa_ratio=4, hca_ratio=128):
+    _check_tokens(batch_id, per_token=(positions, prefix_swa_count),
+                  indptrs=(extend_indptr, swa_indptr, csa_indptr, hca_indptr))
+    for t in (n_committed_csa, n_committed_hca):
+        torch._check(t.shape[0] == chunk_start.shape[0], lambda: "per-sequence tensors need one entry per sequence")

@@ -1,0 +1,243 @@
+"""Typed wrappers of the index-building and tensor ops (``torch.ops.ukv.*``).
+
+Each wrapper calls the registered op directly; the schemas live in
+``csrc/bindings.cpp`` and the contracts in SPEC.md §2. Common conventions:
+
+- ``T`` tokens: ``batch_id`` is ``[T]`` int32, a token whose batch id is outside
+  ``[0, B)`` is padding (``-1`` is the CUDA-graph padding sentinel) and writes
+  nothing. ``positions`` is ``[T]`` int32 or int64.
+- ``B`` sequences: block tables are ``[B, blocks]`` int32 (any strides),
+  per-sequence vectors ``[B]`` int32.
+- Outputs are contiguous int32 vectors written in place through a ``[T + 1]``
+  indptr; token ``t`` writes only inside ``out[indptr[t]:indptr[t + 1]]``.
+  Cells outside the written parts keep their contents.
+- ``compress_base`` is the first compress row of a layer tensor: 0 in the
+  unified layout, ``num_swa_blocks * block_size`` in the static split
+  (``torch.ops.ukv.compress_base_row``).
+- GPU calls enqueue one kernel on the current stream, allocate nothing and never
+  synchronise: every op can be captured in a CUDA graph.
+"""
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "csa_translate_pack",
+    "paged_decode_indices",
+    "hca_decode_indices",
+    "paged_prefill_indices",
+    "decode_index_metadata",
+    "prefill_index_metadata",
+    "bind_compress_view",
+]
+
+_ops = torch.ops.ukv
+
+
+def csa_translate_pack(
+    topk_local: torch.Tensor,
+    block_table: torch.Tensor,
+    positions: torch.Tensor,
+    batch_id: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    *,
+    compress_base: int,
+    window: int = 0,
+    skip_per_token: Optional[torch.Tensor] = None,
+    compress_ratio: int = 4,
+    block_size: int = 128,
+) -> None:
+    """Translate the indexer's top-k into unified_kv rows at the head of each CSA slice.
+
+    ``topk_local[t, i]`` (``[T, index_topk]`` int32) is a sequence-local
+    compressed entry ``e``; it becomes ``compress_base + block_table[b, e // k] * k
+    + e % k`` with ``k = block_size // compress_ratio`` (32 for CSA). Only the
+    first ``valid_k = kv_indptr[t+1] - kv_indptr[t] - skip`` lanes are read as
+    entries (the rest of a top-k row may be garbage), and they are written to
+    ``kv_indices[kv_indptr[t]:kv_indptr[t] + valid_k]``; the slice tail is the
+    SWA part. Decode: ``skip = min(pos + 1, window)`` with ``window > 0``.
+    Prefill: ``skip = skip_per_token[t]`` (the prefix SWA count) and ``window=0``.
+    Pass the physical CSA table in the unified layout, the logical one in the
+    static split.
+    """
+    _ops.csa_translate_pack.default(
+        topk_local, block_table, positions, batch_id, kv_indptr, skip_per_token, kv_indices,
+        compress_base=compress_base, window=window, compress_ratio=compress_ratio, block_size=block_size,
+    )
+
+
+def paged_decode_indices(
+    swa_block_table: torch.Tensor,
+    positions: torch.Tensor,
+    batch_id: torch.Tensor,
+    swa_indptr: torch.Tensor,
+    swa_indices: torch.Tensor,
+    csa_indptr: Optional[torch.Tensor] = None,
+    csa_indices: Optional[torch.Tensor] = None,
+    hca_indptr: Optional[torch.Tensor] = None,
+    hca_indices: Optional[torch.Tensor] = None,
+    *,
+    window: int,
+    block_size: int = 128,
+) -> None:
+    """Write each decode token's sliding window as unified_kv rows at its slice tails.
+
+    The window is positions ``pos - n + 1 .. pos`` with ``n = min(pos + 1,
+    window)``; position ``a`` is row ``swa_block_table[b, a // block_size] *
+    block_size + a % block_size``. The rows go to the last ``n`` cells of the
+    token's SWA slice (all of it) and, when given, of its CSA and HCA slices,
+    whose heads belong to :func:`csa_translate_pack` and
+    :func:`hca_decode_indices`. Omit the CSA/HCA pairs for SWA-only (MTP draft)
+    layers.
+    """
+    _ops.paged_decode_indices.default(
+        swa_block_table, positions, batch_id, swa_indptr, swa_indices, csa_indptr, csa_indices,
+        hca_indptr, hca_indices, window=window, block_size=block_size,
+    )
+
+
+def hca_decode_indices(
+    hca_block_table: torch.Tensor,
+    batch_id: torch.Tensor,
+    n_committed_hca: torch.Tensor,
+    hca_indptr: torch.Tensor,
+    hca_indices: torch.Tensor,
+    *,
+    compress_base: int,
+    compress_ratio: int = 128,
+    block_size: int = 128,
+) -> None:
+    """Write the HCA section at the head of each decode token's HCA slice.
+
+    For every entry ``e < n_committed_hca[b]`` (per sequence, as upstream
+    decode) the row is ``compress_base + hca_block_table[b, e // k] * k + e % k``
+    with ``k = block_size // compress_ratio`` (1 for HCA at block 128), written
+    to ``hca_indices[hca_indptr[t] + e]``. The count is capped by the slice
+    length and the table width. Upstream builds this on the host every step.
+    """
+    _ops.hca_decode_indices.default(
+        hca_block_table, batch_id, n_committed_hca, hca_indptr, hca_indices,
+        compress_base=compress_base, compress_ratio=compress_ratio, block_size=block_size,
+    )
+
+
+def paged_prefill_indices(
+    positions: torch.Tensor,
+    batch_id: torch.Tensor,
+    chunk_start: torch.Tensor,
+    query_start: torch.Tensor,
+    n_committed_hca: torch.Tensor,
+    swa_block_table: torch.Tensor,
+    hca_block_table: torch.Tensor,
+    extend_indptr: torch.Tensor,
+    swa_indptr: torch.Tensor,
+    csa_indptr: torch.Tensor,
+    hca_indptr: torch.Tensor,
+    extend_indices: torch.Tensor,
+    swa_indices: torch.Tensor,
+    csa_indices: torch.Tensor,
+    hca_indices: torch.Tensor,
+    *,
+    compress_base: int,
+    window: int,
+    compress_ratio: int = 128,
+    block_size: int = 128,
+) -> None:
+    """Fill the four prefill index buffers of a (chunked) prefill forward.
+
+    Per token at ``pos`` of sequence ``b`` whose chunk starts at
+    ``cs = chunk_start[b]`` (its first token's row in the forward's kv is
+    ``query_start[b]``), with ``swa_low = max(pos - window + 1, 0)``:
+
+    - extend: ``extend_count = min(pos - cs + 1, window)`` rows of the forward's
+      kv, ending at the token's own row;
+    - SWA prefix: positions ``swa_low .. cs - 1`` (``prefix_swa_count`` of them)
+      through ``swa_block_table``, written to the whole SWA slice, the *tail* of
+      the CSA slice (the head is :func:`csa_translate_pack`'s) and the *head* of
+      the HCA slice;
+    - HCA: after the SWA prefix in the HCA slice, the rows of the first
+      ``min((pos + 1) // compress_ratio, n_committed_hca[b])`` HCA entries, the
+      per-token causal cap (upstream's H-e fix).
+    """
+    _ops.paged_prefill_indices.default(
+        positions, batch_id, chunk_start, query_start, n_committed_hca, swa_block_table, hca_block_table,
+        extend_indptr, swa_indptr, csa_indptr, hca_indptr, extend_indices, swa_indices, csa_indices,
+        hca_indices, compress_base=compress_base, window=window, compress_ratio=compress_ratio,
+        block_size=block_size,
+    )
+
+
+def decode_index_metadata(
+    positions: torch.Tensor,
+    batch_id: torch.Tensor,
+    n_committed_csa: torch.Tensor,
+    n_committed_hca: torch.Tensor,
+    swa_indptr: torch.Tensor,
+    csa_indptr: torch.Tensor,
+    hca_indptr: torch.Tensor,
+    *,
+    window: int,
+    index_topk: int,
+    csa_ratio: int = 4,
+) -> None:
+    """Build the three decode indptrs (``[T + 1]`` each) on the device.
+
+    Slice lengths per real token: SWA ``n = min(pos + 1, window)``, CSA
+    ``n + min((pos + 1) // csa_ratio, n_committed_csa[b], index_topk)``, HCA
+    ``n + n_committed_hca[b]``; padding tokens get empty slices, so the padded
+    tail repeats the last value. Inside a captured graph this replaces the
+    host-side cumsums.
+    """
+    _ops.decode_index_metadata.default(
+        positions, batch_id, n_committed_csa, n_committed_hca, swa_indptr, csa_indptr, hca_indptr,
+        window=window, index_topk=index_topk, csa_ratio=csa_ratio,
+    )
+
+
+def prefill_index_metadata(
+    positions: torch.Tensor,
+    batch_id: torch.Tensor,
+    chunk_start: torch.Tensor,
+    n_committed_csa: torch.Tensor,
+    n_committed_hca: torch.Tensor,
+    extend_indptr: torch.Tensor,
+    swa_indptr: torch.Tensor,
+    csa_indptr: torch.Tensor,
+    hca_indptr: torch.Tensor,
+    prefix_swa_count: torch.Tensor,
+    *,
+    window: int,
+    index_topk: int,
+    csa_ratio: int = 4,
+    hca_ratio: int = 128,
+) -> None:
+    """Build the four prefill indptrs (``[T + 1]``) and ``prefix_swa_count`` (``[T]``).
+
+    Slice lengths per real token: extend ``extend_count``, SWA prefix
+    ``prefix_swa_count``, CSA ``prefix_swa_count + min((pos + 1) // csa_ratio,
+    n_committed_csa[b], index_topk)``, HCA ``prefix_swa_count +
+    min((pos + 1) // hca_ratio, n_committed_hca[b])`` (see
+    :func:`paged_prefill_indices`). ``prefix_swa_count`` is the
+    ``skip_per_token`` of :func:`csa_translate_pack` in prefill.
+    """
+    _ops.prefill_index_metadata.default(
+        positions, batch_id, chunk_start, n_committed_csa, n_committed_hca, extend_indptr, swa_indptr,
+        csa_indptr, hca_indptr, prefix_swa_count, window=window, index_topk=index_topk,
+        csa_ratio=csa_ratio, hca_ratio=hca_ratio,
+    )
+
+
+def bind_compress_view(
+    unified_kv: torch.Tensor, *, compress_base: int, compress_ratio: int, block_size: int = 128
+) -> torch.Tensor:
+    """The ``[N, k, head_dim]`` view a layer's main compressor writes through.
+
+    ``view[c, s]`` is row ``compress_base + c * k + s`` of ``unified_kv``
+    (``k = block_size // compress_ratio``): the whole tensor in the unified
+    layout (``compress_base=0``), the rows after the SWA region in the static
+    split. The result aliases ``unified_kv``; use it for the rope plane too.
+    """
+    return _ops.bind_compress_view.default(
+        unified_kv, compress_base=compress_base, compress_ratio=compress_ratio, block_size=block_size
+    )
