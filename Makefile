@@ -86,6 +86,7 @@ gpu-compile-check: hip-toolchain
 	done
 
 demo: build
+	@$(PYTHON) -c "import matplotlib" 2>/dev/null || $(PIP) install -q matplotlib
 	$(PYTHON) -m ukv_torch.demo
 
 bench: build cpp-test

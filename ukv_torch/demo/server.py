@@ -1,0 +1,311 @@
+"""One layout under one workload: a small scheduler loop around the real
+KvManager, with the model emulated by tag writes and every step's indices
+checked (integrity.py).
+
+Per step: decode sequences get room for one token (can_append; the most
+recently admitted are preempted until it says yes), then prefill chunks of
+running requests and new admissions fill the token budget (chunked prefill),
+the batch is staged and uploaded, the "model" writes its KV tags, the indices
+are built and checked, and the step is committed. Finished turns free their
+sequence; follow-up turns arrive later with the whole history as prompt.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from .. import KvManager
+from ..planning import KvPlan
+from .content_tags import TokenTags
+from .integrity import IntegrityChecker, Token, ragged
+from .tagged_kv import TaggedKv
+from .workload import VOCAB, Conversation, Workload, first_prompt, next_prompt
+
+
+@dataclass
+class ServeConfig:
+    ratios: List[int]
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    window: int = 128
+    index_topk: int = 1024
+    block_size: int = 128
+    max_blocks_per_seq: int = 160
+    max_steps: int = 2000
+    device: str = "cpu"
+    seed: int = 0
+    corrupt_step: Optional[int] = None  # test hook: damage one staged table entry at this step
+
+
+@dataclass
+class Request:
+    rid: int
+    conv: Conversation
+    turn: int
+    tags: TokenTags
+    target_len: int
+    seq_id: int = -1
+    computed: int = 0
+    decoding: bool = False
+
+
+@dataclass
+class LayoutResult:
+    name: str
+    plan: KvPlan
+    steps: int = 0
+    completed: int = 0
+    tokens_computed: int = 0
+    preemptions: int = 0
+    refusals: int = 0
+    unservable: int = 0
+    first_refusal_util: Optional[float] = None         # rows in use / all rows
+    first_refusal_tensor_util: Optional[float] = None  # the fullest layer tensor
+    stranded_rows_at_refusals: List[int] = field(default_factory=list)
+    series: Dict[str, List[float]] = field(default_factory=lambda: collections.defaultdict(list))
+    stats: Dict[str, int] = field(default_factory=dict)
+    checked_indices: int = 0
+    mismatches: list = field(default_factory=list)
+
+    def summary(self) -> Dict[str, object]:
+        s = self.stats
+        q = max(1, s.get("prefix_query_blocks", 0))
+        util = self.series["util"]
+        return {
+            "layout": self.name,
+            "logical_blocks": self.plan.num_logical_blocks,
+            "swa_blocks": self.plan.num_swa_blocks,
+            "steps": self.steps,
+            "requests_completed": self.completed,
+            "tokens_per_step": round(self.tokens_computed / max(1, self.steps), 1),
+            "peak_swa_rows": int(max(self.series["swa_rows"], default=0)),
+            "mean_swa_rows": round(float(np.mean(self.series["swa_rows"])) if util else 0.0, 1),
+            "peak_compress_rows": int(max(self.series["compress_rows"], default=0)),
+            "mean_compress_rows": round(float(np.mean(self.series["compress_rows"])) if util else 0.0, 1),
+            "mean_util": round(float(np.mean(util)) if util else 0.0, 4),
+            "util_at_first_refusal": None if self.first_refusal_util is None else round(self.first_refusal_util, 4),
+            "fullest_tensor_at_first_refusal": None if self.first_refusal_tensor_util is None
+            else round(self.first_refusal_tensor_util, 4),
+            "prefix_hit_rate": round(s.get("prefix_hit_blocks", 0) / q, 4),
+            "borrows": sum(v for k, v in s.items() if k.endswith("_borrows")),
+            "swa_evictions": s.get("swa_evictions", 0),
+            "reclaimed_slots": s.get("reclaimed_slots", 0),
+            "preemptions": self.preemptions,
+            "admission_refusals": self.refusals,
+            "unservable_requests": self.unservable,
+            "mean_stranded_rows_at_refusal": round(float(np.mean(self.stranded_rows_at_refusals)), 1)
+            if self.stranded_rows_at_refusals else 0.0,
+            "checked_indices": self.checked_indices,
+            "mismatches": len(self.mismatches),
+        }
+
+
+class Server:
+    def __init__(self, name: str, plan: KvPlan, workload: Workload, cfg: ServeConfig):
+        self.cfg, self.workload, self.plan = cfg, workload, plan
+        self.device = torch.device(cfg.device)
+        self.mgr = KvManager(block_size=cfg.block_size, window=cfg.window, max_num_seqs=cfg.max_num_seqs,
+                             max_num_batched_tokens=cfg.max_num_batched_tokens,
+                             max_blocks_per_seq=cfg.max_blocks_per_seq,
+                             device=None if self.device.type == "cpu" else self.device, **plan.manager_kwargs())
+        self.kv = TaggedKv(cfg.ratios, plan, self.device, cfg.block_size)
+        self.checker = IntegrityChecker(self.kv, cfg.window, cfg.index_topk, plan.compress_ks, self.device, cfg.seed)
+        self.result = LayoutResult(name, plan)
+        self.waiting: collections.deque = collections.deque()
+        self.running: List[Request] = []
+        self.arrivals: Dict[int, List[Request]] = collections.defaultdict(list)
+        self.next_seq_id = self.next_rid = 0
+        self.open_turns = workload.total_turns()
+        for conv in workload.conversations:
+            self._schedule(conv, 0, first_prompt(workload, conv), conv.arrival)
+        ks = list(plan.compress_ks)
+        self.layer_k = [0 if r == 0 else cfg.block_size // r for r in cfg.ratios]
+        self.type_of_ratio = {r: ks.index(cfg.block_size // r) for r in set(cfg.ratios) if r}
+
+    # --- workload ----------------------------------------------------------
+    def _schedule(self, conv: Conversation, turn: int, prompt: np.ndarray, step: int) -> None:
+        limit = self.cfg.max_blocks_per_seq * self.cfg.block_size - 1
+        out = conv.turns[turn][1]
+        if len(prompt) + out > limit:  # the engine's max_model_len
+            self.open_turns -= len(conv.turns) - turn
+            return
+        self.arrivals[step].append(Request(self.next_rid, conv, turn, TokenTags(prompt), len(prompt) + out))
+        self.next_rid += 1
+
+    def done(self) -> bool:
+        return self.open_turns == 0
+
+    # --- one step ----------------------------------------------------------
+    def step(self, step: int) -> None:
+        self.waiting.extend(self.arrivals.pop(step, []))
+        decoding = self._decode_batch()
+        chunks = self._prefill_batch(budget=self.cfg.max_num_batched_tokens - len(decoding))
+        if chunks:
+            self.mgr.ensure_for_tokens([r.seq_id for r, _ in chunks], [n for _, n in chunks])
+        batch = decoding + [r for r, _ in chunks]
+        if batch:
+            self._forward(step, decoding, chunks, batch)
+            self._commit(step, decoding, chunks)
+        self._record()
+
+    def _decode_batch(self) -> List[Request]:
+        decoding = [r for r in self.running if r.decoding]
+        while decoding:
+            ok = self.mgr.can_append([r.seq_id for r in decoding])
+            if ok == len(decoding):
+                break
+            self._preempt(decoding.pop())
+        if decoding:
+            self.mgr.append([r.seq_id for r in decoding])
+        return decoding
+
+    def _preempt(self, r: Request) -> None:
+        self.mgr.deallocate(r.seq_id)
+        self.running.remove(r)
+        r.computed, r.decoding = 0, False
+        self.waiting.appendleft(r)
+        self.result.preemptions += 1
+
+    def _prefill_batch(self, budget: int):
+        chunks = []
+        for r in self.running:
+            if not r.decoding and budget > 0:
+                n = min(len(r.tags) - r.computed, budget)
+                chunks.append((r, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            r = self.waiting[0]
+            seq_id = self.next_seq_id
+            cached = self.mgr.allocate(seq_id, torch.from_numpy(r.tags.tokens))
+            if cached < 0:
+                self._refused()
+                if not self.running:  # can never fit: the engine rejects it
+                    self.waiting.popleft()
+                    self.result.unservable += 1
+                    self.open_turns -= len(r.conv.turns) - r.turn
+                    continue
+                break
+            self.next_seq_id += 1
+            self.waiting.popleft()
+            r.seq_id, r.computed = seq_id, cached
+            self.running.append(r)
+            n = min(len(r.tags) - cached, budget)
+            chunks.append((r, n))
+            budget -= n
+        return chunks
+
+    # --- memory accounting ---------------------------------------------------
+    def _rows_in_use(self, stats) -> Dict[str, float]:
+        live_blocks = self.plan.num_logical_blocks - stats["free_logical_blocks"]
+        swa_rows = stats["held_swa_slots"] * self.cfg.block_size
+        compress_rows = sum(live_blocks * k for k in self.layer_k)
+        used = swa_rows * len(self.layer_k) + compress_rows
+        # The fullest layer tensor: the resource that ran out at a refusal.
+        tensor_util = max((swa_rows + live_blocks * k) / t.shape[0] for k, t in zip(self.layer_k, self.kv.kv))
+        return {"swa_rows": swa_rows, "compress_rows": compress_rows, "util": used / self.kv.total_rows,
+                "used": used, "tensor_util": tensor_util}
+
+    def _refused(self) -> None:
+        self.result.refusals += 1
+        rows = self._rows_in_use(self.mgr.stats())
+        self.result.stranded_rows_at_refusals.append(self.kv.total_rows - rows["used"])
+        if self.result.first_refusal_util is None:
+            self.result.first_refusal_util = rows["util"]
+            self.result.first_refusal_tensor_util = rows["tensor_util"]
+
+    def _record(self) -> None:
+        rows = self._rows_in_use(self.mgr.stats())
+        for key in ("swa_rows", "compress_rows", "util"):
+            self.result.series[key].append(rows[key])
+        self.result.series["running"].append(len(self.running))
+
+    # --- the model: KV writes, index checks ---------------------------------
+    def _forward(self, step: int, decoding: List[Request], chunks, batch: List[Request]) -> None:
+        self.mgr.stage([r.seq_id for r in batch])
+        self.mgr.upload(len(batch))
+        tables = self.mgr.tables[: len(batch)]
+        if self.cfg.corrupt_step == step:
+            tables = tables.clone()
+            tables[0, 1, tables[0, 1].nonzero()[-1] if tables[0, 1].any() else 0] += 1  # point one SWA entry elsewhere
+        decode_tokens = [Token(i, r.tags.tags, r.computed, 1, f"request {r.rid} (decode)")
+                         for i, r in enumerate(decoding)]
+        prefill_tokens = [Token(len(decoding) + j, r.tags.tags, r.computed, n, f"request {r.rid} (prefill)")
+                          for j, (r, n) in enumerate(chunks)]
+        self._write_kv(decode_tokens, prefill_tokens, tables)
+        self.checker.decode(decode_tokens, tables, len(batch))
+        self.checker.prefill(prefill_tokens, tables, len(batch))
+
+    def _write_kv(self, decode_tokens: List[Token], prefill_tokens: List[Token], tables: torch.Tensor) -> None:
+        """Window-only SWA writes for prefill chunks, every position in decode,
+        and every compressed entry whose last position was computed."""
+        rows, pos, tags = [], [], []
+        window_only = [False] * len(decode_tokens) + [True] * len(prefill_tokens)
+        for t, chunk in zip(decode_tokens + prefill_tokens, window_only):
+            lo = max(t.start, t.start + t.count - self.cfg.window) if chunk else t.start
+            p = np.arange(lo, t.start + t.count)
+            rows.append(np.full(len(p), t.row))
+            pos.append(p)
+            tags.append(t.tags[p])
+        bs = self.cfg.block_size
+        row_t = torch.as_tensor(np.concatenate(rows)).to(self.device)
+        pos_t = torch.as_tensor(np.concatenate(pos)).to(self.device)
+        swa_rows = tables[row_t, 1, pos_t // bs].long() * bs + pos_t % bs
+        self.kv.write_swa(swa_rows, torch.as_tensor(np.concatenate(tags)).to(self.device))
+        for ratio, t_idx in self.type_of_ratio.items():
+            k = bs // ratio
+            starts = np.array([t.start // ratio for t in decode_tokens + prefill_tokens])
+            ends = np.array([(t.start + t.count) // ratio for t in decode_tokens + prefill_tokens])
+            entries = ragged(starts, np.maximum(ends - starts, 0))
+            if len(entries) == 0:
+                continue
+            owners = np.repeat(np.arange(len(starts)), np.maximum(ends - starts, 0))
+            all_tokens = decode_tokens + prefill_tokens
+            entry_tags = np.array([all_tokens[o].tags[ratio * e + ratio - 1] for o, e in zip(owners, entries)])
+            own_rows = torch.as_tensor(np.array([all_tokens[o].row for o in owners])).to(self.device)
+            ent = torch.as_tensor(entries).to(self.device)
+            phys = tables[own_rows, 2 + t_idx, ent // k].long()
+            self.kv.write_compress(ratio, phys, ent % k, torch.as_tensor(entry_tags).to(self.device))
+
+    # --- commit ----------------------------------------------------------------
+    def _commit(self, step: int, decoding: List[Request], chunks) -> None:
+        if decoding:
+            new = [int(r.tags.tags[r.computed] % VOCAB) for r in decoding]
+            self.mgr.commit_decode([r.seq_id for r in decoding], [1] * len(decoding), new)
+            for r, tok in zip(decoding, new):
+                r.computed += 1
+                r.tags.append([tok])
+            self.result.tokens_computed += len(decoding)
+        if chunks:
+            sampled = []
+            for r, n in chunks:
+                done = r.computed + n == len(r.tags)
+                sampled.append(int(r.tags.tags[-1] % VOCAB) if done else -1)
+            self.mgr.commit_prefill([r.seq_id for r, _ in chunks], [n for _, n in chunks], sampled)
+            for (r, n), tok in zip(chunks, sampled):
+                r.computed += n
+                if tok >= 0:
+                    r.tags.append([tok])
+                    r.decoding = True
+                self.result.tokens_computed += n
+        for r in [r for r in self.running if len(r.tags) >= r.target_len]:
+            self._finish(step, r)
+
+    def _finish(self, step: int, r: Request) -> None:
+        self.mgr.deallocate(r.seq_id)
+        self.running.remove(r)
+        self.result.completed += 1
+        self.open_turns -= 1
+        nxt = next_prompt(self.workload, r.conv, r.tags.tokens, r.turn + 1)
+        if nxt is not None:
+            self._schedule(r.conv, r.turn + 1, nxt, step + 1 + r.conv.think_steps)
+
+    def finish_run(self) -> LayoutResult:
+        self.result.stats = self.mgr.stats()
+        self.result.checked_indices = self.checker.checked
+        self.result.mismatches = self.checker.mismatches
+        self.mgr.check_invariants()
+        return self.result
