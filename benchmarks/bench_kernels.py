@@ -181,7 +181,7 @@ def composite_decode_metadata(d, ptrs):
     valid_k = torch.minimum(torch.clamp((p + 1) // CSA_RATIO, max=TOPK), d["n_csa"][b].long()) * real
     n_hca = d["n_hca"][b] * real
     for ptr, counts in zip(ptrs, (n_swa, n_swa + valid_k, n_swa + n_hca)):
-        ptr[0] = 0
+        ptr[:1].zero_()
         torch.cumsum(counts, 0, out=ptr[1:])
 
 
@@ -196,7 +196,7 @@ def composite_prefill_metadata(d, ptrs, prefix_out):
     valid_k = torch.minimum(torch.clamp((p + 1) // CSA_RATIO, max=TOPK), d["n_csa"][b].long()) * real
     n_hca = torch.minimum((p + 1) // HCA_RATIO, d["n_hca"][b].long()) * real
     for ptr, counts in zip(ptrs, (extend_count, prefix, prefix + valid_k, prefix + n_hca)):
-        ptr[0] = 0
+        ptr[:1].zero_()
         torch.cumsum(counts, 0, out=ptr[1:])
     prefix_out.copy_(prefix)
 
