@@ -4,6 +4,7 @@
 #   make build   compile ukv_torch._C (pip install --no-build-isolation -e .)
 #   make test    C++ core unit tests (ctest) + the GPU-toolchain compile check + pytest
 #   make demo    python -m ukv_torch.demo
+#   make sanitize  the C++ core tests under ASan + UBSan
 #   make bench   the benchmarks in benchmarks/ (GPU ones need a GPU)
 #   make bench-kernels  the index-kernel benchmark (GPU machine; JSON in build/)
 
@@ -17,7 +18,7 @@ APTDEPS := cmake ninja-build libgtest-dev libbenchmark-dev
 BUILD_DIR ?= build/core
 PYTEST_ARGS ?=
 
-.PHONY: deps pydeps sysdeps build cpp-test pytest test demo bench gpu-compile-check hip-toolchain bench-kernels clean
+.PHONY: sanitize deps pydeps sysdeps build cpp-test pytest test demo bench gpu-compile-check hip-toolchain bench-kernels clean
 
 deps: pydeps sysdeps
 
@@ -44,6 +45,13 @@ pytest: build
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
 
 test: cpp-test gpu-compile-check pytest
+
+# The C++ core tests under AddressSanitizer and UndefinedBehaviorSanitizer.
+SANITIZE_DIR ?= build/core-sanitize
+sanitize: sysdeps
+	cmake -S csrc/core -B $(SANITIZE_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DUKV_SANITIZE=address;undefined" >/dev/null
+	cmake --build $(SANITIZE_DIR) --target core_tests
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(SANITIZE_DIR)/core_tests
 
 # ---- GPU toolchain compile proof (no GPU needed) -------------------------------
 # The torch-free kernel launchers (csrc/kernels) built as they are, compile only,
