@@ -158,20 +158,26 @@ int64_t Coordinator::slots_needed(int64_t type, int64_t blocks) const {
   const TypePool& p = pools_[static_cast<size_t>(type)];
   const int64_t beyond_own = blocks - p.free_own_compress_blocks();
   if (beyond_own <= 0) return 0;
-  return (beyond_own + p.blocks_per_slot() - 1) / p.blocks_per_slot();
+  // Rounded up without beyond_own + bps - 1, which overflows for demands near INT64_MAX.
+  return beyond_own / p.blocks_per_slot() + (beyond_own % p.blocks_per_slot() != 0);
 }
 
 bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>& compress_demand) const {
+  // Every argument is checked before any is evaluated, so a bad one is an
+  // error whatever the state, never a "no".
   require(static_cast<int64_t>(compress_demand.size()) == num_types(), "can_allocate_jointly: compress_demand has ",
           compress_demand.size(), " entries, expected one per compress type (", num_types(), ")");
   require(n_swa >= 0, "can_allocate_jointly: n_swa must be >= 0, got ", n_swa);
+  for (int64_t t = 0; t < num_types(); ++t)
+    require(compress_demand[static_cast<size_t>(t)] >= 0, "can_allocate_jointly: compress_demand[", t,
+            "] must be >= 0, got ", compress_demand[static_cast<size_t>(t)]);
   const int64_t swa_demand = enabled() ? n_swa : 0;  // a disabled SWA space ignores SWA demand
+  if (swa_demand > swa_free_.size()) return false;   // also keeps the sums below far from overflow
   // Released slots SWA could take from under a compress pool's shared list.
   const int64_t swa_takes_released = std::min(swa_demand, swa_free_.size() - available_unreleased_);
   int64_t swa_space_used = swa_demand;
   for (int64_t t = 0; t < num_types(); ++t) {
     const int64_t demand = compress_demand[static_cast<size_t>(t)];
-    require(demand >= 0, "can_allocate_jointly: compress_demand[", t, "] must be >= 0, got ", demand);
     const TypePool& p = pools_[static_cast<size_t>(t)];
     if (!p.enabled() || demand == 0) continue;
     const int64_t borrow = slots_needed(t, demand);

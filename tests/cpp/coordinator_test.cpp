@@ -2,6 +2,7 @@
 // own region first, coldest borrow, single eviction, joint admission).
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <vector>
 
 #include "core/coordinator.h"
@@ -128,6 +129,32 @@ TEST(Coordinator, JointAdmissionIsAPromiseInAnyOrder) {
             if (order == 0) { swa(); cmp(); } else { cmp(); swa(); }
             c.check_invariants();
           }
+}
+
+// Argument errors must not depend on the state: a negative demand is refused
+// even when an earlier type's demand already decides the answer.
+TEST(Coordinator, JointAdmissionValidatesEveryArgumentFirst) {
+  Coordinator c = make(2, 8);
+  EXPECT_THROW(c.can_allocate_jointly(0, {1000000, -1}), InvalidArgument);
+  EXPECT_THROW(c.can_allocate_jointly(-1, {1000000, 0}), InvalidArgument);
+  EXPECT_THROW(c.can_allocate_jointly(0, {0}), InvalidArgument);
+}
+
+// Demands near INT64_MAX must be refused, not wrap around into a yes.
+TEST(Coordinator, JointAdmissionRefusesHugeDemands) {
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  Coordinator no_own_region(2, {{32, 2}}, 128);
+  EXPECT_FALSE(no_own_region.can_allocate_jointly(0, {kHuge}));
+  EXPECT_FALSE(no_own_region.can_allocate_jointly(0, {kHuge - 1}));
+  // Slot 0 is borrowed by type 0 but free for type 1, so type 1 can borrow
+  // it: the SWA demand plus that borrow must not wrap around either.
+  Coordinator c(2, {{128, 2}, {128, 2}}, 128);
+  c.alloc_swa();
+  c.alloc_swa();
+  c.free_swa(0);
+  c.alloc_compress(0);
+  EXPECT_FALSE(c.can_allocate_jointly(kHuge, {0, 1}));
+  EXPECT_FALSE(c.can_allocate_jointly(1, {0, 0}));
 }
 
 TEST(Coordinator, StateRoundTripContinuesIdentically) {
