@@ -4,6 +4,7 @@
 
 #include "core/batch.h"
 #include "core/errors.h"
+#include "core/sizing.h"
 
 namespace ukv {
 
@@ -11,6 +12,10 @@ Coordinator::Coordinator(int64_t num_swa_base, std::vector<CompressTypeSpec> typ
     : num_swa_base_(num_swa_base), block_size_(block_size) {
   require(num_swa_base >= 0, "num_swa_base must be >= 0, got ", num_swa_base);
   require(block_size > 0, "block_size must be > 0, got ", block_size);
+  // Dense layers have exactly the SWA space's rows; with no compress type no
+  // TypePool would catch an SWA space beyond the int32 row limit.
+  require(num_swa_base <= kMaxRows / block_size, "num_swa_base ", num_swa_base, " x block_size ", block_size,
+          " rows exceed the int32 row limit");
   pools_.reserve(types.size());
   for (size_t t = 0; t < types.size(); ++t) {
     const auto& spec = types[t];

@@ -157,6 +157,14 @@ TEST(Coordinator, JointAdmissionRefusesHugeDemands) {
   EXPECT_FALSE(c.can_allocate_jointly(1, {0, 0}));
 }
 
+// The SWA space is valid in every layer tensor, dense layers included, so its
+// rows must fit the int32 row limit even when there is no compress type.
+TEST(Coordinator, SwaSpaceRowsMustFitTheRowLimit) {
+  constexpr int64_t kHugeBlock = int64_t{1} << 20;  // few slots reach the limit: a fast test
+  EXPECT_THROW(Coordinator(kMaxRows / kHugeBlock + 1, {}, kHugeBlock), InvalidArgument);
+  EXPECT_NO_THROW(Coordinator(kMaxRows / kHugeBlock, {}, kHugeBlock));
+}
+
 TEST(Coordinator, StateRoundTripContinuesIdentically) {
   Coordinator a = make(8, 64);
   std::vector<int64_t> swa;
