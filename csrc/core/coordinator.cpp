@@ -178,18 +178,24 @@ bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>
             "] must be >= 0, got ", compress_demand[static_cast<size_t>(t)]);
   const int64_t swa_demand = enabled() ? n_swa : 0;  // a disabled SWA space ignores SWA demand
   if (swa_demand > swa_free_.size()) return false;   // also keeps the sums below far from overflow
-  // Released slots SWA could take from under a compress pool's shared list.
-  const int64_t swa_takes_released = std::min(swa_demand, swa_free_.size() - available_unreleased_);
-  int64_t swa_space_used = swa_demand;
+  // The roles compete only for released slots nobody has borrowed: SWA may
+  // take them and every pool may borrow them. (SWA's never-released slots are
+  // reserved in every pool; a slot one pool borrowed is out of SWA's reach.)
+  // Whatever the order of the calls, SWA takes at most swa_takes_contested of
+  // them from under each pool, and the pools together at most
+  // min(borrows, contested) from under SWA.
+  const int64_t contested = swa_free_.size() - available_unreleased_;
+  const int64_t swa_takes_contested = std::min(swa_demand, contested);
+  int64_t borrows = 0;
   for (int64_t t = 0; t < num_types(); ++t) {
     const int64_t demand = compress_demand[static_cast<size_t>(t)];
     const TypePool& p = pools_[static_cast<size_t>(t)];
     if (!p.enabled() || demand == 0) continue;
     const int64_t borrow = slots_needed(t, demand);
-    if (borrow > p.free_shared_slots() - swa_takes_released) return false;
-    swa_space_used += borrow;  // each borrowed slot may be one SWA could have used
+    if (borrow > p.free_shared_slots() - swa_takes_contested) return false;
+    borrows += borrow;  // <= num_slots per type: no overflow
   }
-  return swa_space_used <= swa_free_.size();
+  return swa_demand + std::min(borrows, contested) <= swa_free_.size();
 }
 
 std::vector<int64_t> Coordinator::take_evicted_swa() {
