@@ -13,6 +13,7 @@ AssertionError, so code catching the upstream AssertionError keeps working.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -156,7 +157,8 @@ class UnifiedKvCoordinator:
     of n_csa_slots and an HCA pool of n_hca_slots. `set_swa_evict_cb(cb)`
     registers the SWA pool's eviction hook: when a compress allocation borrows a
     released slot that may still back a cached SWA block, cb(slot) is called
-    once, before alloc_csa/alloc_hca returns.
+    once, before alloc_csa/alloc_hca returns, and before any other thread's
+    allocation can receive a block of that slot.
     """
 
     CSA, HCA = 0, 1
@@ -170,6 +172,19 @@ class UnifiedKvCoordinator:
         self.csa = _PoolView(self.torch_object, self.CSA, CSA_K, n_csa_slots, bs)
         self.hca = _PoolView(self.torch_object, self.HCA, HCA_K, n_hca_slots, bs)
         self._swa_evict_cb: Optional[Callable[[int], None]] = None
+        # Held from a compress allocation until its eviction callback returns,
+        # so no thread receives a block of a borrowed slot while the slot's SWA
+        # cache entry is still being dropped. Reentrant: a callback may allocate.
+        self._eviction_lock = threading.RLock()
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["_eviction_lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._eviction_lock = threading.RLock()
 
     def set_swa_evict_cb(self, cb: Optional[Callable[[int], None]]) -> None:
         self._swa_evict_cb = cb
@@ -200,9 +215,13 @@ class UnifiedKvCoordinator:
 
     # --- compress side ---
     @_raises_out_of_slots
+    def _alloc_compress_block(self, type_index: int) -> int:
+        return self.torch_object.alloc_compress(type_index)
+
     def _alloc_compress(self, type_index: int) -> int:
-        phys = self.torch_object.alloc_compress(type_index)
-        self._deliver_evictions()
+        with self._eviction_lock:
+            phys = self._alloc_compress_block(type_index)
+            self._deliver_evictions()
         return phys
 
     def alloc_csa(self) -> int:

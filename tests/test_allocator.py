@@ -1,0 +1,50 @@
+"""Scenario tests of the allocator through torch.classes.ukv and the drop-ins."""
+import sys
+import threading
+import time
+
+import pytest
+
+from ukv_torch import UnifiedKvCoordinator
+
+
+@pytest.fixture
+def eager_thread_switching():
+    """Switch threads as often as the interpreter can, to expose races."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(previous)
+
+
+def test_drop_in_delivers_each_eviction_before_any_thread_gets_the_slot(eager_thread_switching):
+    # Every SWA slot is released with a cached block and CSA has no own region,
+    # so each slot's first CSA block evicts it. Whichever thread receives any
+    # block of a slot, the callback for that slot must have finished by then.
+    slots, threads = 512, 4
+    coord = UnifiedKvCoordinator(slots, slots, slots)
+    for slot in [coord.alloc_swa() for _ in range(slots)]:
+        coord.free_swa(slot)
+    evicted = set()
+
+    def evict(slot):
+        time.sleep(0)  # a real callback does work and may let other threads run
+        evicted.add(slot)
+
+    coord.set_swa_evict_cb(evict)
+    received_before_eviction = []
+
+    def allocate():
+        for _ in range(slots * coord.csa.bps // threads):
+            slot = coord.alloc_csa() // coord.csa.bps
+            if slot not in evicted:
+                received_before_eviction.append(slot)
+
+    workers = [threading.Thread(target=allocate) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert received_before_eviction == []
+    assert evicted == set(range(slots))
+    coord.torch_object.check_invariants()
