@@ -4,6 +4,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from ukv_torch import UnifiedKvCoordinator
 
@@ -48,3 +49,17 @@ def test_drop_in_delivers_each_eviction_before_any_thread_gets_the_slot(eager_th
     assert received_before_eviction == []
     assert evicted == set(range(slots))
     coord.torch_object.check_invariants()
+
+
+@pytest.mark.parametrize("make, free_many", [
+    (lambda: torch.classes.ukv.TypePool(4, 32, 128, 0), lambda pool, ids: pool.free_compress_many(ids)),
+    (lambda: torch.classes.ukv.TypePool(4, 32, 128, 0), lambda pool, ids: pool.free_swa_many(ids)),
+    (lambda: torch.classes.ukv.Coordinator(2, [32], [3], 128), lambda coord, ids: coord.free_compress_many(0, ids)),
+    (lambda: torch.classes.ukv.Coordinator(2, [32], [3], 128), lambda coord, ids: coord.free_swa_many(ids)),
+])
+def test_a_missing_batch_tensor_is_a_clear_value_error(make, free_many):
+    obj = make()
+    before = obj.__getstate__()
+    with pytest.raises(ValueError, match=r"must be a 1-D int64 CPU tensor, got None"):
+        free_many(obj, None)
+    assert obj.__getstate__() == before

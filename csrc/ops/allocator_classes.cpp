@@ -16,6 +16,8 @@ at::Tensor to_tensor(const std::vector<int64_t>& ids) {
 
 // Batch id arguments: a 1-D int64 CPU tensor (any strides; made contiguous).
 at::Tensor id_batch(const at::Tensor& ids, const char* arg) {
+  // Python None arrives as an undefined tensor, which has no dtype to report.
+  TORCH_CHECK_VALUE(ids.defined(), arg, " must be a 1-D int64 CPU tensor, got None");
   TORCH_CHECK_VALUE(ids.dim() == 1, arg, " must be a 1-D tensor, got ", ids.dim(), " dims");
   TORCH_CHECK_VALUE(ids.scalar_type() == at::kLong, arg, " must be int64, got ", ids.scalar_type());
   TORCH_CHECK_VALUE(ids.device().is_cpu(), arg, " must be a CPU tensor, got ", ids.device());
