@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from ukv_torch import UnifiedKvCoordinator
+from ukv_torch import UnifiedKvCoordinator, UnifiedTypePool
 
 
 @pytest.fixture
@@ -63,3 +63,18 @@ def test_a_missing_batch_tensor_is_a_clear_value_error(make, free_many):
     with pytest.raises(ValueError, match=r"must be a 1-D int64 CPU tensor, got None"):
         free_many(obj, None)
     assert obj.__getstate__() == before
+
+
+@pytest.mark.parametrize("make, named, reason", [
+    (lambda: UnifiedTypePool(-1, 32), "num_slots=-1", "num_slots must be >= 0"),
+    (lambda: UnifiedTypePool(4, 33), "k=33", "k (rows per compress block) must divide block_size"),
+    (lambda: UnifiedTypePool(4, 32, 0), "bs=0", "block_size must be > 0"),
+    (lambda: UnifiedKvCoordinator(-1, 4, 4), "num_swa_base=-1", "num_swa_base must be >= 0"),
+    (lambda: UnifiedKvCoordinator(4, 3, 5), "n_csa_slots=3", "compress type 0: num_slots (3) must be >= num_swa_base"),
+    (lambda: UnifiedKvCoordinator(4, 6, 3), "n_hca_slots=3", "compress type 1: num_slots (3) must be >= num_swa_base"),
+    (lambda: UnifiedKvCoordinator(4, 6, 5, 0), "bs=0", "block_size must be > 0"),
+])
+def test_drop_in_constructor_errors_name_the_drop_in_arguments(make, named, reason):
+    with pytest.raises(ValueError) as info:
+        make()
+    assert named in str(info.value) and reason in str(info.value)

@@ -50,6 +50,17 @@ def _raises_out_of_slots(fn):
     return wrapper
 
 
+def _torch_object(drop_in: str, make: Callable[[], "torch.ScriptObject"], **arguments):
+    """Build a drop-in's torch object. A bad argument's ValueError is prefixed
+    with the drop-in's own arguments (bs, n_csa_slots, ...), since the core's
+    reason names those of the torch class (block_size, compress type 0, ...)."""
+    try:
+        return make()
+    except ValueError as exc:
+        given = ", ".join(f"{name}={value!r}" for name, value in arguments.items())
+        raise ValueError(f"{drop_in}({given}): {exc}") from None
+
+
 def slot_counts(num_swa_blocks: int, num_compress_blocks: int, ks: Sequence[int],
                 block_size: int = 128) -> List[int]:
     """Slots of each compress type's tensor: num_swa_blocks + ceil(NB / (block_size / k)).
@@ -76,7 +87,8 @@ class UnifiedTypePool:
     """
 
     def __init__(self, num_slots: int, k: int, bs: int = 128):
-        self.torch_object = torch.classes.ukv.TypePool(num_slots, k, bs, 0)
+        self.torch_object = _torch_object("UnifiedTypePool", lambda: torch.classes.ukv.TypePool(num_slots, k, bs, 0),
+                                          num_slots=num_slots, k=k, bs=bs)
         self.num_slots = num_slots
         self.k = k
         self.bs = bs
@@ -164,8 +176,10 @@ class UnifiedKvCoordinator:
     CSA, HCA = 0, 1
 
     def __init__(self, num_swa_base: int, n_csa_slots: int, n_hca_slots: int, bs: int = 128):
-        self.torch_object = torch.classes.ukv.Coordinator(
-            num_swa_base, [CSA_K, HCA_K], [n_csa_slots, n_hca_slots], bs)
+        self.torch_object = _torch_object(
+            "UnifiedKvCoordinator",
+            lambda: torch.classes.ukv.Coordinator(num_swa_base, [CSA_K, HCA_K], [n_csa_slots, n_hca_slots], bs),
+            num_swa_base=num_swa_base, n_csa_slots=n_csa_slots, n_hca_slots=n_hca_slots, bs=bs)
         self.num_swa_base = num_swa_base
         self.bs = bs
         self.enabled = num_swa_base > 0
