@@ -13,6 +13,7 @@ AssertionError, so code catching the upstream AssertionError keeps working.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -49,6 +50,17 @@ def _raises_out_of_slots(fn):
     return wrapper
 
 
+def _torch_object(drop_in: str, make: Callable[[], "torch.ScriptObject"], **arguments):
+    """Build a drop-in's torch object. A bad argument's ValueError is prefixed
+    with the drop-in's own arguments (bs, n_csa_slots, ...), since the core's
+    reason names those of the torch class (block_size, compress type 0, ...)."""
+    try:
+        return make()
+    except ValueError as exc:
+        given = ", ".join(f"{name}={value!r}" for name, value in arguments.items())
+        raise ValueError(f"{drop_in}({given}): {exc}") from None
+
+
 def slot_counts(num_swa_blocks: int, num_compress_blocks: int, ks: Sequence[int],
                 block_size: int = 128) -> List[int]:
     """Slots of each compress type's tensor: num_swa_blocks + ceil(NB / (block_size / k)).
@@ -75,7 +87,8 @@ class UnifiedTypePool:
     """
 
     def __init__(self, num_slots: int, k: int, bs: int = 128):
-        self.torch_object = torch.classes.ukv.TypePool(num_slots, k, bs, 0)
+        self.torch_object = _torch_object("UnifiedTypePool", lambda: torch.classes.ukv.TypePool(num_slots, k, bs, 0),
+                                          num_slots=num_slots, k=k, bs=bs)
         self.num_slots = num_slots
         self.k = k
         self.bs = bs
@@ -156,20 +169,36 @@ class UnifiedKvCoordinator:
     of n_csa_slots and an HCA pool of n_hca_slots. `set_swa_evict_cb(cb)`
     registers the SWA pool's eviction hook: when a compress allocation borrows a
     released slot that may still back a cached SWA block, cb(slot) is called
-    once, before alloc_csa/alloc_hca returns.
+    once, before alloc_csa/alloc_hca returns, and before any other thread's
+    allocation can receive a block of that slot.
     """
 
     CSA, HCA = 0, 1
 
     def __init__(self, num_swa_base: int, n_csa_slots: int, n_hca_slots: int, bs: int = 128):
-        self.torch_object = torch.classes.ukv.Coordinator(
-            num_swa_base, [CSA_K, HCA_K], [n_csa_slots, n_hca_slots], bs)
+        self.torch_object = _torch_object(
+            "UnifiedKvCoordinator",
+            lambda: torch.classes.ukv.Coordinator(num_swa_base, [CSA_K, HCA_K], [n_csa_slots, n_hca_slots], bs),
+            num_swa_base=num_swa_base, n_csa_slots=n_csa_slots, n_hca_slots=n_hca_slots, bs=bs)
         self.num_swa_base = num_swa_base
         self.bs = bs
         self.enabled = num_swa_base > 0
         self.csa = _PoolView(self.torch_object, self.CSA, CSA_K, n_csa_slots, bs)
         self.hca = _PoolView(self.torch_object, self.HCA, HCA_K, n_hca_slots, bs)
         self._swa_evict_cb: Optional[Callable[[int], None]] = None
+        # Held from a compress allocation until its eviction callback returns,
+        # so no thread receives a block of a borrowed slot while the slot's SWA
+        # cache entry is still being dropped. Reentrant: a callback may allocate.
+        self._eviction_lock = threading.RLock()
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["_eviction_lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._eviction_lock = threading.RLock()
 
     def set_swa_evict_cb(self, cb: Optional[Callable[[int], None]]) -> None:
         self._swa_evict_cb = cb
@@ -200,9 +229,13 @@ class UnifiedKvCoordinator:
 
     # --- compress side ---
     @_raises_out_of_slots
+    def _alloc_compress_block(self, type_index: int) -> int:
+        return self.torch_object.alloc_compress(type_index)
+
     def _alloc_compress(self, type_index: int) -> int:
-        phys = self.torch_object.alloc_compress(type_index)
-        self._deliver_evictions()
+        with self._eviction_lock:
+            phys = self._alloc_compress_block(type_index)
+            self._deliver_evictions()
         return phys
 
     def alloc_csa(self) -> int:

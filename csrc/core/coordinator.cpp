@@ -4,6 +4,7 @@
 
 #include "core/batch.h"
 #include "core/errors.h"
+#include "core/sizing.h"
 
 namespace ukv {
 
@@ -11,6 +12,10 @@ Coordinator::Coordinator(int64_t num_swa_base, std::vector<CompressTypeSpec> typ
     : num_swa_base_(num_swa_base), block_size_(block_size) {
   require(num_swa_base >= 0, "num_swa_base must be >= 0, got ", num_swa_base);
   require(block_size > 0, "block_size must be > 0, got ", block_size);
+  // Dense layers have exactly the SWA space's rows; with no compress type no
+  // TypePool would catch an SWA space beyond the int32 row limit.
+  require(num_swa_base <= kMaxRows / block_size, "num_swa_base ", num_swa_base, " x block_size ", block_size,
+          " rows exceed the int32 row limit");
   pools_.reserve(types.size());
   for (size_t t = 0; t < types.size(); ++t) {
     const auto& spec = types[t];
@@ -160,30 +165,44 @@ int64_t Coordinator::slots_needed(int64_t type, int64_t blocks) const {
   const TypePool& p = pools_[static_cast<size_t>(type)];
   const int64_t beyond_own = blocks - p.free_own_compress_blocks();
   if (beyond_own <= 0) return 0;
-  return (beyond_own + p.blocks_per_slot() - 1) / p.blocks_per_slot();
+  // Rounded up without beyond_own + bps - 1, which overflows for demands near INT64_MAX.
+  return beyond_own / p.blocks_per_slot() + (beyond_own % p.blocks_per_slot() != 0);
 }
 
 bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>& compress_demand,
                                        int64_t extra_free_slots) const {
+  // Every argument is checked before any is evaluated, so a bad one is an
+  // error whatever the state, never a "no".
   require(static_cast<int64_t>(compress_demand.size()) == num_types(), "can_allocate_jointly: compress_demand has ",
           compress_demand.size(), " entries, expected one per compress type (", num_types(), ")");
   require(n_swa >= 0, "can_allocate_jointly: n_swa must be >= 0, got ", n_swa);
+  for (int64_t t = 0; t < num_types(); ++t)
+    require(compress_demand[static_cast<size_t>(t)] >= 0, "can_allocate_jointly: compress_demand[", t,
+            "] must be >= 0, got ", compress_demand[static_cast<size_t>(t)]);
+  require(extra_free_slots >= 0 && extra_free_slots <= num_swa_base_, "can_allocate_jointly: extra_free_slots must be in [0, ",
+          num_swa_base_, "], got ", extra_free_slots);
   const int64_t swa_demand = enabled() ? n_swa : 0;  // a disabled SWA space ignores SWA demand
-  // Released slots SWA could take from under a compress pool's shared list.
-  require(extra_free_slots >= 0, "can_allocate_jointly: extra_free_slots must be >= 0, got ", extra_free_slots);
+  // extra_free_slots are released slots the caller first makes free in every pool.
   const int64_t swa_free = swa_free_.size() + extra_free_slots;
-  const int64_t swa_takes_released = std::min(swa_demand, swa_free - available_unreleased_);
-  int64_t swa_space_used = swa_demand;
+  if (swa_demand > swa_free) return false;   // also keeps the sums below far from overflow
+  // The roles compete only for released slots nobody has borrowed: SWA may
+  // take them and every pool may borrow them. (SWA's never-released slots are
+  // reserved in every pool; a slot one pool borrowed is out of SWA's reach.)
+  // Whatever the order of the calls, SWA takes at most swa_takes_contested of
+  // them from under each pool, and the pools together at most
+  // min(borrows, contested) from under SWA.
+  const int64_t contested = swa_free - available_unreleased_;
+  const int64_t swa_takes_contested = std::min(swa_demand, contested);
+  int64_t borrows = 0;
   for (int64_t t = 0; t < num_types(); ++t) {
     const int64_t demand = compress_demand[static_cast<size_t>(t)];
-    require(demand >= 0, "can_allocate_jointly: compress_demand[", t, "] must be >= 0, got ", demand);
     const TypePool& p = pools_[static_cast<size_t>(t)];
     if (!p.enabled() || demand == 0) continue;
     const int64_t borrow = slots_needed(t, demand);
-    if (borrow > p.free_shared_slots() + extra_free_slots - swa_takes_released) return false;
-    swa_space_used += borrow;  // each borrowed slot may be one SWA could have used
+    if (borrow > p.free_shared_slots() + extra_free_slots - swa_takes_contested) return false;
+    borrows += borrow;  // <= num_slots per type: no overflow
   }
-  return swa_space_used <= swa_free;
+  return swa_demand + std::min(borrows, contested) <= swa_free;
 }
 
 std::vector<int64_t> Coordinator::take_evicted_swa() {

@@ -76,10 +76,13 @@ class Coordinator {
   std::vector<int64_t> alloc_compress_n(int64_t type, int64_t n);         // all-or-nothing
   void free_compress_many(int64_t type, const int64_t* ids, size_t n);    // validated first
 
-  // True when n_swa SWA allocations and compress_demand[t] allocations of each
-  // type t, made in any order from the current state, all succeed.
-  // extra_free_slots counts released slots the caller can first make free in
-  // every pool (the KV manager's reclaimable cached compress slots).
+  // A promise: true only when n_swa SWA allocations and compress_demand[t]
+  // allocations of each type t, made in any order from the current state, all
+  // succeed. It may refuse conservatively when the order would matter. A role
+  // that is disabled (no SWA space, a pool of 0 slots) ignores its demand, as
+  // has_free_swa / has_free_compress do. extra_free_slots counts released
+  // slots the caller can first make free in every pool (the KV manager's
+  // reclaimable cached compress slots).
   bool can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>& compress_demand,
                             int64_t extra_free_slots = 0) const;
 

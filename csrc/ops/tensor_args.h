@@ -10,6 +10,8 @@ namespace ukv::ops {
 
 // int64 ids or counts (any strides; returned contiguous).
 inline at::Tensor int64_arg(const at::Tensor& t, const char* arg) {
+  // Python None arrives as an undefined tensor, which has no dtype to report.
+  TORCH_CHECK_VALUE(t.defined(), arg, " must be a 1-D int64 CPU tensor, got None");
   TORCH_CHECK_VALUE(t.dim() == 1, arg, " must be a 1-D tensor, got ", t.dim(), " dims");
   TORCH_CHECK_VALUE(t.scalar_type() == at::kLong, arg, " must be int64, got ", t.scalar_type());
   TORCH_CHECK_VALUE(t.device().is_cpu(), arg, " must be a CPU tensor, got ", t.device());
@@ -18,6 +20,7 @@ inline at::Tensor int64_arg(const at::Tensor& t, const char* arg) {
 
 // Token ids as int32 (int32 or int64 input), each in [min_value, int32 max].
 inline at::Tensor token_arg(const at::Tensor& t, const char* arg, int64_t min_value = 0) {
+  TORCH_CHECK_VALUE(t.defined(), arg, " must be a 1-D int32/int64 CPU tensor, got None");
   TORCH_CHECK_VALUE(t.dim() == 1, arg, " must be a 1-D tensor, got ", t.dim(), " dims");
   TORCH_CHECK_VALUE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, arg,
                     " must be int32 or int64, got ", t.scalar_type());

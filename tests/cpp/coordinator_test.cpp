@@ -2,6 +2,9 @@
 // own region first, coldest borrow, single eviction, joint admission).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <limits>
+#include <random>
 #include <vector>
 
 #include "core/coordinator.h"
@@ -128,6 +131,109 @@ TEST(Coordinator, JointAdmissionIsAPromiseInAnyOrder) {
             if (order == 0) { swa(); cmp(); } else { cmp(); swa(); }
             c.check_invariants();
           }
+}
+
+// A borrow competes with SWA only for released slots SWA could take. A slot
+// another type already borrowed is out of SWA's reach, so lending it to a
+// second type costs SWA nothing and must not be refused.
+TEST(Coordinator, JointAdmissionChargesSwaOnlyForSlotsItCouldTake) {
+  Coordinator c(2, {{128, 2}, {128, 2}}, 128);  // no own regions, one block per slot
+  c.alloc_swa();
+  c.alloc_swa();
+  c.free_swa(0);
+  c.alloc_compress(0);  // type 0 borrows slot 0; slot 1 stays with SWA
+  EXPECT_EQ(c.free_swa_slots(), 0);
+  EXPECT_TRUE(c.can_allocate_jointly(0, {0, 1}));
+  EXPECT_FALSE(c.can_allocate_jointly(0, {0, 2}));
+  c.alloc_compress(1);  // and indeed type 1 gets slot 0 too
+  c.check_invariants();
+}
+
+// Soundness over reachable states: random SWA/compress churn (which makes the
+// pools' shared FIFOs diverge from each other and from SWA's), then every
+// small demand and every interleaving of it. Whenever the check says yes,
+// every order must succeed.
+TEST(Coordinator, JointAdmissionIsAPromiseInEveryInterleavingFromRandomStates) {
+  int64_t admitted_with_borrowing = 0;
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    Coordinator c(3, {{128, 4}, {128, 3}, {64, 3}}, 128);  // 1, 1 and 2 blocks per slot
+    std::vector<int64_t> swa;
+    std::vector<std::vector<int64_t>> held(3);
+    for (int step = 0; step < 40; ++step) {
+      const int type = static_cast<int>(rng() % 3);
+      switch (rng() % 4) {
+        case 0: if (c.has_free_swa(1)) swa.push_back(c.alloc_swa()); break;
+        case 1:
+          if (!swa.empty()) { c.free_swa(swa.back()); swa.pop_back(); std::shuffle(swa.begin(), swa.end(), rng); }
+          break;
+        case 2: if (c.free_compress_blocks(type) > 0) held[type].push_back(c.alloc_compress(type)); break;
+        case 3:
+          if (!held[type].empty()) {
+            std::swap(held[type][rng() % held[type].size()], held[type].back());
+            c.free_compress(type, held[type].back());
+            held[type].pop_back();
+          }
+          break;
+      }
+    }
+    for (int64_t n_swa = 0; n_swa <= 2; ++n_swa)
+      for (int64_t d0 = 0; d0 <= 2; ++d0)
+        for (int64_t d1 = 0; d1 <= 2; ++d1)
+          for (int64_t d2 = 0; d2 <= 2; ++d2) {
+            if (n_swa + d0 + d1 + d2 > 5 || !c.can_allocate_jointly(n_swa, {d0, d1, d2})) continue;
+            std::vector<int> order;  // -1 = SWA, else a compress type
+            order.insert(order.end(), static_cast<size_t>(n_swa), -1);
+            order.insert(order.end(), static_cast<size_t>(d0), 0);
+            order.insert(order.end(), static_cast<size_t>(d1), 1);
+            order.insert(order.end(), static_cast<size_t>(d2), 2);
+            const int64_t demand[] = {d0, d1, d2};
+            bool borrows = false;
+            for (int64_t t = 0; t < 3; ++t) borrows |= demand[t] > c.pool(t).free_own_compress_blocks();
+            admitted_with_borrowing += n_swa > 0 && borrows;
+            do {
+              Coordinator copy = c;
+              for (int role : order) {
+                if (role < 0) copy.alloc_swa(); else copy.alloc_compress(role);
+              }
+            } while (std::next_permutation(order.begin(), order.end()));
+          }
+  }
+  EXPECT_GT(admitted_with_borrowing, 50);  // the sweep really admitted competing demands
+}
+
+// Argument errors must not depend on the state: a negative demand is refused
+// even when an earlier type's demand already decides the answer.
+TEST(Coordinator, JointAdmissionValidatesEveryArgumentFirst) {
+  Coordinator c = make(2, 8);
+  EXPECT_THROW(c.can_allocate_jointly(0, {1000000, -1}), InvalidArgument);
+  EXPECT_THROW(c.can_allocate_jointly(-1, {1000000, 0}), InvalidArgument);
+  EXPECT_THROW(c.can_allocate_jointly(0, {0}), InvalidArgument);
+}
+
+// Demands near INT64_MAX must be refused, not wrap around into a yes.
+TEST(Coordinator, JointAdmissionRefusesHugeDemands) {
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  Coordinator no_own_region(2, {{32, 2}}, 128);
+  EXPECT_FALSE(no_own_region.can_allocate_jointly(0, {kHuge}));
+  EXPECT_FALSE(no_own_region.can_allocate_jointly(0, {kHuge - 1}));
+  // Slot 0 is borrowed by type 0 but free for type 1, so type 1 can borrow
+  // it: the SWA demand plus that borrow must not wrap around either.
+  Coordinator c(2, {{128, 2}, {128, 2}}, 128);
+  c.alloc_swa();
+  c.alloc_swa();
+  c.free_swa(0);
+  c.alloc_compress(0);
+  EXPECT_FALSE(c.can_allocate_jointly(kHuge, {0, 1}));
+  EXPECT_FALSE(c.can_allocate_jointly(1, {0, 0}));
+}
+
+// The SWA space is valid in every layer tensor, dense layers included, so its
+// rows must fit the int32 row limit even when there is no compress type.
+TEST(Coordinator, SwaSpaceRowsMustFitTheRowLimit) {
+  constexpr int64_t kHugeBlock = int64_t{1} << 20;  // few slots reach the limit: a fast test
+  EXPECT_THROW(Coordinator(kMaxRows / kHugeBlock + 1, {}, kHugeBlock), InvalidArgument);
+  EXPECT_NO_THROW(Coordinator(kMaxRows / kHugeBlock, {}, kHugeBlock));
 }
 
 TEST(Coordinator, StateRoundTripContinuesIdentically) {
