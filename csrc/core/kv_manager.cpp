@@ -338,6 +338,7 @@ void KvManager::require_distinct_known(const int64_t* seq_ids, int64_t n, const 
 
 void KvManager::check_ensure(int64_t seq_id, int64_t num_new_tokens) const {
   const Sequence& s = seq(seq_id);
+  require(!is_decoding(s), "ensure_for_tokens: sequence ", seq_id, " is decoding (its prompt is computed and sampled)");
   require(num_new_tokens >= 0, "ensure_for_tokens: counts must be >= 0, got ", num_new_tokens);
   require(s.num_computed + num_new_tokens <= static_cast<int64_t>(s.tokens.size()), "ensure_for_tokens: ",
           num_new_tokens, " new tokens from ", s.num_computed, " exceed the ", s.tokens.size(),
@@ -424,6 +425,7 @@ void KvManager::free_out_of_window(Sequence& s, int64_t seq_len) {
 void KvManager::check_commit_prefill(int64_t seq_id, int64_t num_tokens, int32_t sampled) const {
   const Sequence& s = seq(seq_id);
   const auto known = static_cast<int64_t>(s.tokens.size());
+  require(!is_decoding(s), "commit_prefill: sequence ", seq_id, " is decoding (its prompt is computed and sampled)");
   require(num_tokens >= 0, "commit_prefill: counts must be >= 0, got ", num_tokens);
   require(s.num_computed + num_tokens <= known, "commit_prefill: ", num_tokens, " tokens from ", s.num_computed,
           " exceed the ", known, " known tokens of sequence ", seq_id);
@@ -461,8 +463,7 @@ int64_t KvManager::can_append(const int64_t* seq_ids, int64_t n, int64_t num_new
   int64_t cursor = logical_.free_list().front();
   for (int64_t i = 0; i < n; ++i) {
     const Sequence& s = seq(seq_ids[i]);
-    require(s.num_computed + 1 == static_cast<int64_t>(s.tokens.size()), "sequence ", seq_ids[i],
-            " is not decoding (its prompt is not fully computed)");
+    require(is_decoding(s), "sequence ", seq_ids[i], " is not decoding (its prompt is not computed and sampled)");
     const int64_t need = blocks_for(s.num_computed + num_new_tokens);
     require(need <= cfg_.max_blocks_per_seq, "sequence ", seq_ids[i], " would need ", need,
             " blocks, more than max_blocks_per_seq ", cfg_.max_blocks_per_seq);
@@ -514,8 +515,7 @@ void KvManager::append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens
 
 void KvManager::check_commit_decode(int64_t seq_id, int64_t count) const {
   const Sequence& s = seq(seq_id);
-  require(s.num_computed + 1 == static_cast<int64_t>(s.tokens.size()), "commit_decode: sequence ", seq_id,
-          " is not decoding");
+  require(is_decoding(s), "commit_decode: sequence ", seq_id, " is not decoding");
   require(count >= 1, "commit_decode: counts must be >= 1, got ", count);
   require(s.num_computed + count <= static_cast<int64_t>(s.logical.size()) * cfg_.block_size, "commit_decode: ",
           count, " tokens from position ", s.num_computed, " run past the blocks appended for sequence ", seq_id);

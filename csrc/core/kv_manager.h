@@ -166,6 +166,9 @@ class KvManager {
   Sequence& seq(int64_t seq_id);
   const Sequence& seq(int64_t seq_id) const;
   bool swa_enabled() const { return swa_ != nullptr; }
+  // A sequence decodes once its prompt is computed and the token sampled
+  // after it was committed; from then on num_tokens == num_computed + 1.
+  static bool is_decoding(const Sequence& s) { return static_cast<int64_t>(s.tokens.size()) > s.num_prompt; }
   int64_t blocks_for(int64_t tokens) const { return (tokens + cfg_.block_size - 1) / cfg_.block_size; }
   int64_t quota_for(int64_t num_blocks) const { return std::min(swa_peak_, num_blocks); }
   int64_t checkpoint_reserve() const { return swa_ ? swa_->checkpoint_capacity() : 0; }
