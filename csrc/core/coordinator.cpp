@@ -164,14 +164,19 @@ int64_t Coordinator::slots_needed(int64_t type, int64_t blocks) const {
 }
 
 bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>& compress_demand,
-                                       int64_t extra_free_slots) const {
+                                       const std::vector<int64_t>& freeable_slots) const {
   require(static_cast<int64_t>(compress_demand.size()) == num_types(), "can_allocate_jointly: compress_demand has ",
           compress_demand.size(), " entries, expected one per compress type (", num_types(), ")");
   require(n_swa >= 0, "can_allocate_jointly: n_swa must be >= 0, got ", n_swa);
+  for (int64_t slot : freeable_slots) {
+    check_swa_slot(slot, "can_allocate_jointly");
+    require(swa_state_[static_cast<size_t>(slot)] == SwaState::Released && busy_[static_cast<size_t>(slot)] > 0,
+            "can_allocate_jointly: freeable slot ", slot, " is not a released slot compress is using");
+  }
   const int64_t swa_demand = enabled() ? n_swa : 0;  // a disabled SWA space ignores SWA demand
+  const auto freeable = static_cast<int64_t>(freeable_slots.size());
+  const int64_t swa_free = swa_free_.size() + freeable;
   // Released slots SWA could take from under a compress pool's shared list.
-  require(extra_free_slots >= 0, "can_allocate_jointly: extra_free_slots must be >= 0, got ", extra_free_slots);
-  const int64_t swa_free = swa_free_.size() + extra_free_slots;
   const int64_t swa_takes_released = std::min(swa_demand, swa_free - available_unreleased_);
   int64_t swa_space_used = swa_demand;
   for (int64_t t = 0; t < num_types(); ++t) {
@@ -179,8 +184,17 @@ bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>
     require(demand >= 0, "can_allocate_jointly: compress_demand[", t, "] must be >= 0, got ", demand);
     const TypePool& p = pools_[static_cast<size_t>(t)];
     if (!p.enabled() || demand == 0) continue;
-    const int64_t borrow = slots_needed(t, demand);
-    if (borrow > p.free_shared_slots() + extra_free_slots - swa_takes_released) return false;
+    // Freeing a slot adds to this pool's shared room only if the pool was in
+    // it, and takes away the free blocks the pool had open there.
+    int64_t gained = 0, open_lost = 0;
+    for (int64_t slot : freeable_slots) {
+      if (p.owner(slot) != SlotOwner::Compress) continue;
+      ++gained;
+      for (int64_t phys = slot * p.blocks_per_slot(); phys < (slot + 1) * p.blocks_per_slot(); ++phys)
+        open_lost += !p.compress_id_is_held(phys);
+    }
+    const int64_t borrow = slots_needed(t, demand + open_lost);
+    if (borrow > p.free_shared_slots() + gained - swa_takes_released) return false;
     swa_space_used += borrow;  // each borrowed slot may be one SWA could have used
   }
   return swa_space_used <= swa_free;
