@@ -359,6 +359,8 @@ class SwaPool:
         self.forget(i)
 
     def clear_cache(self):
+        while len(self.lru):  # checkpoint pins only keep cached blocks; the cache is gone
+            self.release(self.lru.pop_front())
         self.by_hash.clear()
         for i, r in enumerate(self.ref):
             if r == 0:

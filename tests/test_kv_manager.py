@@ -79,3 +79,20 @@ def test_prefill_calls_refuse_a_decoding_sequence(unified):
         m.commit_prefill([1], [1])
     assert state(m) == before
     m.check_invariants()
+
+
+@layouts
+def test_clear_cache_drops_checkpoint_pins(unified):
+    m = manager(unified, full_retain=True, retention_interval=256, checkpoint_frac=0.25,
+                max_num_batched_tokens=256, num_swa_blocks=32)
+    toks = tokens(1000, 1)
+    m.allocate(1, toks)
+    prefill(m, 1, toks, chunk=128)
+    m.deallocate([1])
+    pinned = m.stats()["held_swa_slots"]
+    assert 0 < pinned <= 8  # checkpoints of a freed prompt stay pinned (capacity 32 * 0.25)
+    assert m.can_allocate(toks + [1]) == 7  # and serve its prefix
+    m.clear_cache()
+    assert m.stats()["held_swa_slots"] == 0
+    assert m.can_allocate(toks + [1]) == 0
+    m.check_invariants()

@@ -337,8 +337,10 @@ class Serving:
         assert stats["free_logical_blocks"] == self.cfg["num_logical_blocks"]
         reserve = self.model.swa.checkpoint_capacity if self.model.swa else 0
         assert stats["swa_reserved"] == reserve
-        # Only checkpoint pins may still hold SWA slots.
+        # Only checkpoint pins may still hold SWA slots; dropping the cache drops them.
         assert stats["held_swa_slots"] == (len(self.model.swa.lru) if self.model.swa else 0)
+        self.both("clear_cache")
+        assert self.cpp.stats()["held_swa_slots"] == 0
 
 
 def config(unified, block_size=128, **overrides):
