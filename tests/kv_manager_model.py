@@ -379,6 +379,7 @@ class _Seq:
         self.swa_written_lo = 0   # SWA rows of positions [lo, num_computed) are written
         self.swa_freed_upto = 0   # entries below are window-freed
         self.swa_quota = 0
+        self.scheduled = 0        # positions the last append scheduled, not yet committed
 
 
 def span_blocks(w: int, bs: int) -> int:
@@ -766,6 +767,7 @@ class KvManagerModel:
             for b in blocks:
                 self._push(s, b, self.swa.alloc() if self.swa else -1)
             self._free_out_of_window(s, s.num_computed + 1)
+            s.scheduled = q
         self.stat["appends"] += 1
 
     def commit_decode(self, seq_ids, counts, tokens):
@@ -773,8 +775,9 @@ class KvManagerModel:
         for sid, n in zip(seq_ids, counts):
             s = self.seqs[sid]
             assert s.num_computed + 1 == len(s.tokens) and n >= 1
-            assert s.num_computed + n <= len(s.logical) * self.bs
+            assert n <= s.scheduled
             s.num_computed += n
+            s.scheduled = 0
             s.tokens.extend(tokens[pos:pos + n])
             pos += n
             self._publish_full_blocks(s)  # decode blocks are cacheable once full and committed

@@ -82,6 +82,26 @@ def test_prefill_calls_refuse_a_decoding_sequence(unified):
 
 
 @layouts
+def test_commit_decode_refuses_more_positions_than_append_scheduled(unified):
+    m = manager(unified, mtp_k=2)
+    m.allocate(1, tokens(100, 1))
+    prefill(m, 1, tokens(100, 1))  # 101 tokens: the decode block has room for 27 more
+    with pytest.raises(ValueError, match="counts"):
+        m.commit_decode([1], [1], [5])  # nothing scheduled yet
+    m.append([1], 2)
+    before = state(m)
+    with pytest.raises(ValueError, match="counts"):
+        m.commit_decode([1], [3], [5, 6, 7])  # 3 > the 2 positions computed this step
+    with pytest.raises(ValueError, match="counts"):
+        m.commit_decode([1], [0], [])
+    assert state(m) == before
+    m.commit_decode([1], [2], [5, 6])
+    with pytest.raises(ValueError, match="counts"):
+        m.commit_decode([1], [1], [5])  # the step is committed
+    assert m.num_computed(1) == 102
+
+
+@layouts
 def test_clear_cache_drops_checkpoint_pins(unified):
     m = manager(unified, full_retain=True, retention_interval=256, checkpoint_frac=0.25,
                 max_num_batched_tokens=256, num_swa_blocks=32)

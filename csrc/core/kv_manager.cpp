@@ -557,6 +557,7 @@ void KvManager::append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens
     while (static_cast<int64_t>(s.logical.size()) < need)
       push_block(s, *next++, swa_ ? static_cast<int32_t>(swa_->alloc()) : -1);
     free_out_of_window(s, s.num_computed + 1);
+    s.scheduled = num_new_tokens;
   }
   ++stats_.appends;
 }
@@ -564,13 +565,13 @@ void KvManager::append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens
 void KvManager::check_commit_decode(int64_t seq_id, int64_t count) const {
   const Sequence& s = seq(seq_id);
   require(is_decoding(s), "commit_decode: sequence ", seq_id, " is not decoding");
-  require(count >= 1, "commit_decode: counts must be >= 1, got ", count);
-  require(s.num_computed + count <= static_cast<int64_t>(s.logical.size()) * cfg_.block_size, "commit_decode: ",
-          count, " tokens from position ", s.num_computed, " run past the blocks appended for sequence ", seq_id);
+  require(count >= 1 && count <= s.scheduled, "commit_decode: counts must be in [1, ", s.scheduled,
+          "] (the positions append() scheduled for sequence ", seq_id, "), got ", count);
 }
 
 void KvManager::apply_commit_decode(Sequence& s, const int32_t* tokens, int64_t count) {
   s.num_computed += count;
+  s.scheduled = 0;
   s.tokens.insert(s.tokens.end(), tokens, tokens + count);
   publish_full_blocks(s);  // a decode block is cacheable once full and committed
 }
@@ -828,7 +829,7 @@ std::vector<int64_t> KvManager::to_state() const {
     st.push_back(id);
     st.push_back(static_cast<int64_t>(s.tokens.size()));
     st.insert(st.end(), s.tokens.begin(), s.tokens.end());
-    st.insert(st.end(), {s.num_prompt, s.num_computed, s.swa_written_lo, s.swa_freed_upto, s.swa_quota});
+    st.insert(st.end(), {s.num_prompt, s.num_computed, s.swa_written_lo, s.swa_freed_upto, s.swa_quota, s.scheduled});
     st.push_back(static_cast<int64_t>(s.logical.size()));
     st.insert(st.end(), s.logical.begin(), s.logical.end());
     st.insert(st.end(), s.swa.begin(), s.swa.end());
@@ -872,6 +873,8 @@ std::unique_ptr<KvManager> KvManager::from_state(const std::vector<int64_t>& st)
     s.swa_written_lo = r.next();
     s.swa_freed_upto = r.next();
     s.swa_quota = r.next();
+    s.scheduled = r.next();
+    require(s.scheduled >= 0 && s.scheduled <= 1 + cfg.mtp_k, "KvManager state: bad scheduled count ", s.scheduled);
     const int64_t len = r.count(cfg.max_blocks_per_seq, "block");
     s.phys.resize(static_cast<size_t>(m->num_types()));
     for (int64_t i = 0; i < len; ++i) {

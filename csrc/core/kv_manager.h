@@ -149,6 +149,7 @@ class KvManager {
     int64_t swa_freed_upto = 0;      // entries [0, this) are window-freed (-1)
     int64_t swa_quota = 0;
     int64_t swa_held = 0;
+    int64_t scheduled = 0;           // positions the last append() scheduled, not yet committed
     int64_t stage_row = -1, dirty_lo = 0;
   };
   struct Admission {
