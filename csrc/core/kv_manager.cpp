@@ -368,10 +368,13 @@ int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n) {
 
 void KvManager::require_distinct_known(const int64_t* seq_ids, int64_t n, const char* what) const {
   require(n >= 0, what, ": batch size must be >= 0, got ", n);
-  std::vector<int64_t> sorted(seq_ids, seq_ids + n);
-  std::sort(sorted.begin(), sorted.end());
-  require(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), what, ": seq_ids holds a sequence twice");
-  for (int64_t i = 0; i < n; ++i) seq(seq_ids[i]);
+  // A fresh mark per batch finds repeats in O(n), without sorting a copy.
+  const uint64_t mark = ++batch_mark_;
+  for (int64_t i = 0; i < n; ++i) {
+    const Sequence& s = seq(seq_ids[i]);
+    require(s.batch_mark != mark, what, ": seq_ids holds sequence ", seq_ids[i], " twice");
+    s.batch_mark = mark;
+  }
 }
 
 void KvManager::check_ensure(int64_t seq_id, int64_t num_new_tokens) const {

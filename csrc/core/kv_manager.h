@@ -151,6 +151,7 @@ class KvManager {
     int64_t swa_held = 0;
     int64_t scheduled = 0;           // positions the last append() scheduled, not yet committed
     int64_t stage_row = -1, dirty_lo = 0;
+    mutable uint64_t batch_mark = 0;  // == batch_mark_ while a batch call validates it
   };
   struct Admission {
     bool ok = false;
@@ -221,6 +222,7 @@ class KvManager {
   std::vector<int64_t> row_seq_, row_len_;           // staging rows: sequence and length last written
   std::vector<KvEvent> events_;
   KvManagerStats stats_;
+  mutable uint64_t batch_mark_ = 0;
 };
 
 }  // namespace ukv
