@@ -13,7 +13,7 @@ PYTHON ?= python3
 # TORCH="torch --index-url <your CUDA index>" or keep the torch you already have.
 TORCH ?= torch==2.13.0
 PIP := $(PYTHON) -m pip
-PYDEPS := ninja pytest hypothesis numpy
+PYDEPS := ninja pytest hypothesis numpy xxhash
 APTDEPS := cmake ninja-build libgtest-dev libbenchmark-dev
 BUILD_DIR ?= build/core
 PYTEST_ARGS ?=
@@ -24,7 +24,7 @@ deps: pydeps sysdeps
 
 pydeps:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH)"
-	@$(PYTHON) -c "import ninja, pytest, hypothesis, numpy" 2>/dev/null || $(PIP) install $(PYDEPS)
+	@$(PYTHON) -c "import ninja, pytest, hypothesis, numpy, xxhash" 2>/dev/null || $(PIP) install $(PYDEPS)
 
 sysdeps:
 	@missing=""; for p in $(APTDEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

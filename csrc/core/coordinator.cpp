@@ -170,7 +170,7 @@ int64_t Coordinator::slots_needed(int64_t type, int64_t blocks) const {
 }
 
 bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>& compress_demand,
-                                       int64_t extra_free_slots) const {
+                                       const std::vector<int64_t>& freeable_slots) const {
   // Every argument is checked before any is evaluated, so a bad one is an
   // error whatever the state, never a "no".
   require(static_cast<int64_t>(compress_demand.size()) == num_types(), "can_allocate_jointly: compress_demand has ",
@@ -179,12 +179,14 @@ bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>
   for (int64_t t = 0; t < num_types(); ++t)
     require(compress_demand[static_cast<size_t>(t)] >= 0, "can_allocate_jointly: compress_demand[", t,
             "] must be >= 0, got ", compress_demand[static_cast<size_t>(t)]);
-  require(extra_free_slots >= 0 && extra_free_slots <= num_swa_base_, "can_allocate_jointly: extra_free_slots must be in [0, ",
-          num_swa_base_, "], got ", extra_free_slots);
+  for (int64_t slot : freeable_slots) {
+    check_swa_slot(slot, "can_allocate_jointly");
+    require(swa_state_[static_cast<size_t>(slot)] == SwaState::Released && busy_[static_cast<size_t>(slot)] > 0,
+            "can_allocate_jointly: freeable slot ", slot, " is not a released slot compress is using");
+  }
   const int64_t swa_demand = enabled() ? n_swa : 0;  // a disabled SWA space ignores SWA demand
-  // extra_free_slots are released slots the caller first makes free in every pool.
-  const int64_t swa_free = swa_free_.size() + extra_free_slots;
-  if (swa_demand > swa_free) return false;   // also keeps the sums below far from overflow
+  const int64_t swa_free = swa_free_.size() + static_cast<int64_t>(freeable_slots.size());
+  if (swa_demand > swa_free) return false;  // also keeps the sums below far from overflow
   // The roles compete only for released slots nobody has borrowed: SWA may
   // take them and every pool may borrow them. (SWA's never-released slots are
   // reserved in every pool; a slot one pool borrowed is out of SWA's reach.)
@@ -198,8 +200,18 @@ bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>
     const int64_t demand = compress_demand[static_cast<size_t>(t)];
     const TypePool& p = pools_[static_cast<size_t>(t)];
     if (!p.enabled() || demand == 0) continue;
-    const int64_t borrow = slots_needed(t, demand);
-    if (borrow > p.free_shared_slots() + extra_free_slots - swa_takes_contested) return false;
+    if (demand > p.num_compress_ids()) return false;  // more than the tensor holds
+    // Freeing a slot adds to this pool's shared room only if the pool was in
+    // it, and takes away the free blocks the pool had open there.
+    int64_t gained = 0, open_lost = 0;
+    for (int64_t slot : freeable_slots) {
+      if (p.owner(slot) != SlotOwner::Compress) continue;
+      ++gained;
+      for (int64_t phys = slot * p.blocks_per_slot(); phys < (slot + 1) * p.blocks_per_slot(); ++phys)
+        open_lost += !p.compress_id_is_held(phys);
+    }
+    const int64_t borrow = slots_needed(t, demand + open_lost);
+    if (borrow > p.free_shared_slots() + gained - swa_takes_contested) return false;
     borrows += borrow;  // <= num_slots per type: no overflow
   }
   return swa_demand + std::min(borrows, contested) <= swa_free;

@@ -80,11 +80,12 @@ class Coordinator {
   // allocations of each type t, made in any order from the current state, all
   // succeed. It may refuse conservatively when the order would matter. A role
   // that is disabled (no SWA space, a pool of 0 slots) ignores its demand, as
-  // has_free_swa / has_free_compress do. extra_free_slots counts released
-  // slots the caller can first make free in every pool (the KV manager's
-  // reclaimable cached compress slots).
+  // has_free_swa / has_free_compress do. freeable_slots: distinct released
+  // shared slots the caller first makes free in every pool (the KV manager's
+  // reclaimable cached compress slots); each gives SWA a slot and its pools a
+  // shared slot, minus the free compress blocks they had open in it.
   bool can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>& compress_demand,
-                            int64_t extra_free_slots = 0) const;
+                            const std::vector<int64_t>& freeable_slots = {}) const;
 
   // --- cross-role eviction ---
   void set_evict_listener(EvictListener listener) { listener_ = std::move(listener); }

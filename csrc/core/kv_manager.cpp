@@ -117,22 +117,33 @@ int64_t KvManager::num_tokens(int64_t seq_id) const { return static_cast<int64_t
 
 // ---------------------------------------------------------------- capacity --
 
-bool KvManager::capacity_ok(int64_t extra_quota, int64_t compress_demand, int64_t extra_free) const {
+bool KvManager::capacity_ok(int64_t extra_quota, int64_t compress_demand, const std::vector<int64_t>& reclaim) const {
   const int64_t outstanding = std::max<int64_t>(0, swa_reserved_ + extra_quota - held_swa_slots());
-  if (coord_) return coord_->can_allocate_jointly(outstanding, std::vector<int64_t>(static_cast<size_t>(num_types()), compress_demand), extra_free);
+  if (coord_) return coord_->can_allocate_jointly(outstanding, std::vector<int64_t>(static_cast<size_t>(num_types()), compress_demand), reclaim);
   return !swa_ || swa_->free_slots() >= outstanding;
 }
 
-bool KvManager::capacity_ok_now(int64_t extra_quota, int64_t compress_demand, bool& needs_reclaim) const {
-  needs_reclaim = false;
-  if (capacity_ok(extra_quota, compress_demand, 0)) return true;
-  if (reclaimable_.empty() || !capacity_ok(extra_quota, compress_demand, reclaimable_.size())) return false;
-  needs_reclaim = true;
-  return true;
+bool KvManager::capacity_ok_with_reclaim(int64_t extra_quota, int64_t compress_demand,
+                                         const std::vector<int64_t>& going_live) const {
+  if (capacity_ok(extra_quota, compress_demand)) return true;
+  if (!coord_ || reclaimable_.empty()) return false;
+  // A slot holding a binding of a block about to go live stops being reclaimable.
+  std::vector<int64_t> kept;
+  for (int64_t id : going_live)
+    for (int64_t t = 0; t < num_types(); ++t) {
+      const int32_t phys = logical_.binding(t, id);
+      const int64_t slot = phys < 0 ? -1 : shared_slot_of(t, phys);
+      if (slot >= 0) kept.push_back(slot);
+    }
+  std::sort(kept.begin(), kept.end());
+  std::vector<int64_t> reclaim;
+  for (int64_t slot = reclaimable_.front(); slot >= 0; slot = reclaimable_.next(slot))
+    if (!std::binary_search(kept.begin(), kept.end(), slot)) reclaim.push_back(slot);
+  return !reclaim.empty() && capacity_ok(extra_quota, compress_demand, reclaim);
 }
 
 void KvManager::reclaim_until(int64_t extra_quota, int64_t compress_demand) {
-  while (!capacity_ok(extra_quota, compress_demand, 0)) {
+  while (!capacity_ok(extra_quota, compress_demand)) {
     require<StateError>(!reclaimable_.empty(), "internal: reclaim ran out of reclaimable slots");
     reclaim_one_slot();
   }
@@ -170,50 +181,72 @@ void KvManager::on_compress_freed(int64_t type, int64_t phys) {
   if (slot >= 0) update_reclaimable(slot);
 }
 
-void KvManager::on_live_change(int64_t id, int delta) {
-  if (!coord_) return;
-  for (int64_t t = 0; t < num_types(); ++t) {
-    const int64_t slot = shared_slot_of(t, logical_.binding(t, id));
-    if (slot < 0) continue;
-    live_in_slot_[static_cast<size_t>(slot)] += delta;
-    update_reclaimable(slot);
-  }
+void KvManager::on_live_change(int64_t type, int64_t id, int delta) {
+  const int32_t phys = logical_.binding(type, id);
+  const int64_t slot = phys < 0 ? -1 : shared_slot_of(type, phys);
+  if (slot < 0) return;
+  live_in_slot_[static_cast<size_t>(slot)] += delta;
+  update_reclaimable(slot);
 }
 
-void KvManager::bind(int64_t id) {
-  // Free the retained binding first (H3), so a full own region never blocks
-  // reuse and a borrowed slot can flow back to SWA, then bind afresh.
-  for (int64_t t = 0; t < num_types(); ++t) {
-    const int32_t old = logical_.binding(t, id);
-    if (old < 0) continue;
-    owner_of_phys_[static_cast<size_t>(t)][static_cast<size_t>(old)] = -1;
-    coord_->free_compress(t, old);
-    on_compress_freed(t, old);
+void KvManager::on_live_change(int64_t id, int delta) {
+  if (!coord_) return;
+  for (int64_t t = 0; t < num_types(); ++t) on_live_change(t, id, delta);
+}
+
+void KvManager::alloc_binding(int64_t type, int64_t id) {
+  const auto phys = static_cast<int32_t>(coord_->alloc_compress(type));
+  logical_.set_binding(type, id, phys);
+  owner_of_phys_[static_cast<size_t>(type)][static_cast<size_t>(phys)] = static_cast<int32_t>(id);
+}
+
+void KvManager::free_binding(int64_t type, int64_t id) {
+  const int32_t phys = logical_.binding(type, id);
+  owner_of_phys_[static_cast<size_t>(type)][static_cast<size_t>(phys)] = -1;
+  logical_.set_binding(type, id, -1);
+  coord_->free_compress(type, phys);
+  on_compress_freed(type, phys);
+}
+
+void KvManager::bind_popped(const std::vector<int64_t>& ids) {
+  if (!coord_) return;
+  std::vector<int64_t> retained;
+  // Blocks without a binding first: admission counted exactly these as
+  // compress demand, so they must find the room it saw.
+  for (int64_t id : ids) {
+    if (logical_.is_bound(id)) {
+      retained.push_back(id);
+      continue;
+    }
+    for (int64_t t = 0; t < num_types(); ++t) {
+      alloc_binding(t, id);
+      on_live_change(t, id, +1);
+    }
   }
-  for (int64_t t = 0; t < num_types(); ++t) {
-    const auto phys = static_cast<int32_t>(coord_->alloc_compress(t));
-    logical_.set_binding(t, id, phys);
-    owner_of_phys_[static_cast<size_t>(t)][static_cast<size_t>(phys)] = static_cast<int32_t>(id);
-  }
+  // A retained binding moves on reuse (H3: free it, bind afresh), so borrowed
+  // shared slots drift back to SWA, but only into room the pool already has:
+  // a move that borrowed a fresh shared slot could take one SWA was promised.
+  for (int64_t id : retained)
+    for (int64_t t = 0; t < num_types(); ++t) {
+      if (coord_->pool(t).free_own_compress_blocks() == 0) continue;
+      on_live_change(t, id, -1);
+      free_binding(t, id);
+      alloc_binding(t, id);
+      on_live_change(t, id, +1);
+    }
 }
 
 void KvManager::unbind(int64_t id) {
-  for (int64_t t = 0; t < num_types(); ++t) {
-    const int32_t phys = logical_.binding(t, id);
-    owner_of_phys_[static_cast<size_t>(t)][static_cast<size_t>(phys)] = -1;
-    logical_.set_binding(t, id, -1);
-    coord_->free_compress(t, phys);
-    on_compress_freed(t, phys);
-  }
+  for (int64_t t = 0; t < num_types(); ++t) free_binding(t, id);
   logical_.drop_hash(id, events_);  // its KV is gone: the cache must not hit it
 }
 
-int64_t KvManager::pop_bound_block() {
+// A true allocation's logical half: the block goes live with whatever
+// binding it retains, so no reclaim can take that binding away before
+// bind_popped() decides about it.
+int64_t KvManager::pop_block() {
   const int64_t id = logical_.pop(events_);
-  if (coord_) {
-    bind(id);
-    on_live_change(id, +1);
-  }
+  on_live_change(id, +1);
   return id;
 }
 
@@ -253,24 +286,24 @@ KvManager::Admission KvManager::admission(const int32_t* tokens, int64_t n) cons
     a.hit_ids.resize(static_cast<size_t>(a.cached_blocks));
   }
   int64_t used_hits = 0;
-  std::vector<int64_t> free_hits;
+  std::vector<int64_t> going_live;  // free hits and the blocks allocate() will pop
   for (int64_t id : a.hit_ids) {
-    if (logical_.ref(id) > 0) ++used_hits; else free_hits.push_back(id);
+    if (logical_.ref(id) > 0) ++used_hits; else going_live.push_back(id);
   }
   if (logical_.free_count() < nb - used_hits) return a;
-  if (coord_) {
-    // Fresh blocks come off the free-list front (skipping the hits claimed from
-    // it); only those without a retained binding need new compress blocks.
-    std::sort(free_hits.begin(), free_hits.end());
-    int64_t to_pop = nb - a.cached_blocks;
-    for (int64_t id = logical_.free_list().front(); to_pop > 0; id = logical_.free_list().next(id)) {
-      if (std::binary_search(free_hits.begin(), free_hits.end(), id)) continue;
-      a.compress_demand += !logical_.is_bound(id);
-      --to_pop;
-    }
+  // Fresh blocks come off the free-list front, skipping the hits claimed from
+  // it; only those without a retained binding need new compress blocks.
+  std::vector<int64_t> free_hits = going_live;
+  std::sort(free_hits.begin(), free_hits.end());
+  int64_t to_pop = nb - a.cached_blocks;
+  for (int64_t id = logical_.free_list().front(); to_pop > 0; id = logical_.free_list().next(id)) {
+    if (std::binary_search(free_hits.begin(), free_hits.end(), id)) continue;
+    a.compress_demand += coord_ && !logical_.is_bound(id);
+    going_live.push_back(id);
+    --to_pop;
   }
   a.quota = swa_ ? quota_for(nb, false) : 0;
-  a.ok = capacity_ok_now(a.quota, a.compress_demand, a.needs_reclaim);
+  a.ok = capacity_ok_with_reclaim(a.quota, a.compress_demand, going_live);
   return a;
 }
 
@@ -295,7 +328,6 @@ int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n) {
     ++stats_.admission_refusals;
     return -1;
   }
-  if (a.needs_reclaim) reclaim_until(a.quota, a.compress_demand);
   Sequence s;
   s.phys.resize(static_cast<size_t>(num_types()));
   const int64_t bs = cfg_.block_size, nb = blocks_for(n), hits = a.cached_blocks;
@@ -312,7 +344,13 @@ int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n) {
     }
     push_block(s, id, swa_id);
   }
-  for (int64_t i = hits; i < nb; ++i) push_block(s, pop_bound_block(), -1);
+  // Claim everything first: the hits and the popped blocks are then live, so
+  // a reclaim cannot take their bindings (or the hits' cached KV) away.
+  std::vector<int64_t> popped;
+  for (int64_t i = hits; i < nb; ++i) popped.push_back(pop_block());
+  reclaim_until(a.quota, a.compress_demand);
+  bind_popped(popped);
+  for (int64_t id : popped) push_block(s, id, -1);
   s.tokens.assign(tokens, tokens + n);
   s.hashes = a.hashes;
   s.num_prompt = n;
@@ -333,14 +371,18 @@ int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n) {
 
 void KvManager::require_distinct_known(const int64_t* seq_ids, int64_t n, const char* what) const {
   require(n >= 0, what, ": batch size must be >= 0, got ", n);
-  std::vector<int64_t> sorted(seq_ids, seq_ids + n);
-  std::sort(sorted.begin(), sorted.end());
-  require(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), what, ": seq_ids holds a sequence twice");
-  for (int64_t i = 0; i < n; ++i) seq(seq_ids[i]);
+  // A fresh mark per batch finds repeats in O(n), without sorting a copy.
+  const uint64_t mark = ++batch_mark_;
+  for (int64_t i = 0; i < n; ++i) {
+    const Sequence& s = seq(seq_ids[i]);
+    require(s.batch_mark != mark, what, ": seq_ids holds sequence ", seq_ids[i], " twice");
+    s.batch_mark = mark;
+  }
 }
 
 void KvManager::check_ensure(int64_t seq_id, int64_t num_new_tokens) const {
   const Sequence& s = seq(seq_id);
+  require(!is_decoding(s), "ensure_for_tokens: sequence ", seq_id, " is decoding (its prompt is computed and sampled)");
   require(num_new_tokens >= 0, "ensure_for_tokens: counts must be >= 0, got ", num_new_tokens);
   require(s.num_computed + num_new_tokens <= static_cast<int64_t>(s.tokens.size()), "ensure_for_tokens: ",
           num_new_tokens, " new tokens from ", s.num_computed, " exceed the ", s.tokens.size(),
@@ -427,6 +469,7 @@ void KvManager::free_out_of_window(Sequence& s, int64_t seq_len) {
 void KvManager::check_commit_prefill(int64_t seq_id, int64_t num_tokens, int32_t sampled) const {
   const Sequence& s = seq(seq_id);
   const auto known = static_cast<int64_t>(s.tokens.size());
+  require(!is_decoding(s), "commit_prefill: sequence ", seq_id, " is decoding (its prompt is computed and sampled)");
   require(num_tokens >= 0, "commit_prefill: counts must be >= 0, got ", num_tokens);
   require(s.num_computed + num_tokens <= known, "commit_prefill: ", num_tokens, " tokens from ", s.num_computed,
           " exceed the ", known, " known tokens of sequence ", seq_id);
@@ -468,23 +511,29 @@ int64_t KvManager::can_append(const int64_t* seq_ids, int64_t n, int64_t num_new
   require(num_new_tokens >= 1 && num_new_tokens <= 1 + cfg_.mtp_k, "num_new_tokens must be in [1, 1 + mtp_k = ",
           1 + cfg_.mtp_k, "], got ", num_new_tokens);
   require_distinct_known(seq_ids, n, "can_append");
-  int64_t new_blocks = 0, demand = 0, extra_quota = 0;
-  int64_t cursor = logical_.free_list().front();
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < n; ++i) {  // every entry is validated before any answer
     const Sequence& s = seq(seq_ids[i]);
-    require(s.num_computed + 1 == static_cast<int64_t>(s.tokens.size()), "sequence ", seq_ids[i],
-            " is not decoding (its prompt is not fully computed)");
+    require(is_decoding(s), "sequence ", seq_ids[i], " is not decoding (its prompt is not computed and sampled)");
     const int64_t need = blocks_for(s.num_computed + num_new_tokens);
     require(need <= cfg_.max_blocks_per_seq, "sequence ", seq_ids[i], " would need ", need,
             " blocks, more than max_blocks_per_seq ", cfg_.max_blocks_per_seq);
+  }
+  int64_t demand = 0, extra_quota = 0;
+  std::vector<int64_t> popping;  // the free-list blocks the prefix so far would pop
+  int64_t cursor = logical_.free_list().front();
+  for (int64_t i = 0; i < n; ++i) {
+    const Sequence& s = seq(seq_ids[i]);
+    const int64_t need = blocks_for(s.num_computed + num_new_tokens);
     const int64_t add = std::max<int64_t>(0, need - static_cast<int64_t>(s.logical.size()));
     const int64_t dq = swa_ ? quota_for(need, true) - s.swa_quota : 0;
     if (add == 0 && dq <= 0) continue;
-    new_blocks += add;
-    if (new_blocks > logical_.free_count()) return i;
-    for (int64_t j = 0; j < add; ++j, cursor = logical_.free_list().next(cursor)) demand += coord_ && !logical_.is_bound(cursor);
+    if (static_cast<int64_t>(popping.size()) + add > logical_.free_count()) return i;
+    for (int64_t j = 0; j < add; ++j, cursor = logical_.free_list().next(cursor)) {
+      demand += coord_ && !logical_.is_bound(cursor);
+      popping.push_back(cursor);
+    }
     extra_quota += std::max<int64_t>(0, dq);
-    if (!capacity_ok(extra_quota, demand, reclaimable_.size())) return i;
+    if (!capacity_ok_with_reclaim(extra_quota, demand, popping)) return i;
   }
   return n;
 }
@@ -497,15 +546,20 @@ void KvManager::append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens
                                     " sequences can be appended (call can_append and preempt first)"));
   }
   int64_t demand = 0, extra_quota = 0;
-  int64_t cursor = logical_.free_list().front();
+  std::vector<int64_t> popped;  // every sequence's new blocks, in batch order
   for (int64_t i = 0; i < n; ++i) {
     const Sequence& s = seq(seq_ids[i]);
     const int64_t need = blocks_for(s.num_computed + num_new_tokens);
-    const int64_t add = std::max<int64_t>(0, need - static_cast<int64_t>(s.logical.size()));
-    for (int64_t j = 0; j < add; ++j, cursor = logical_.free_list().next(cursor)) demand += coord_ && !logical_.is_bound(cursor);
+    for (auto len = static_cast<int64_t>(s.logical.size()); len < need; ++len) {
+      popped.push_back(pop_block());
+      demand += coord_ && !logical_.is_bound(popped.back());
+    }
     if (swa_) extra_quota += std::max<int64_t>(0, quota_for(need, true) - s.swa_quota);
   }
-  if (!capacity_ok(extra_quota, demand, 0)) reclaim_until(extra_quota, demand);
+  // As in allocate(): the new blocks are live before any reclaim.
+  reclaim_until(extra_quota, demand);
+  bind_popped(popped);
+  auto next = popped.begin();
   for (int64_t i = 0; i < n; ++i) {
     Sequence& s = seq(seq_ids[i]);
     const int64_t need = blocks_for(s.num_computed + num_new_tokens);
@@ -514,26 +568,24 @@ void KvManager::append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens
       swa_reserved_ += quota - s.swa_quota;
       s.swa_quota = quota;
     }
-    while (static_cast<int64_t>(s.logical.size()) < need) {
-      const int64_t id = pop_bound_block();
-      push_block(s, id, swa_ ? static_cast<int32_t>(swa_->alloc()) : -1);
-    }
+    while (static_cast<int64_t>(s.logical.size()) < need)
+      push_block(s, *next++, swa_ ? static_cast<int32_t>(swa_->alloc()) : -1);
     free_out_of_window(s, s.num_computed + 1);
+    s.scheduled = num_new_tokens;
   }
   ++stats_.appends;
 }
 
 void KvManager::check_commit_decode(int64_t seq_id, int64_t count) const {
   const Sequence& s = seq(seq_id);
-  require(s.num_computed + 1 == static_cast<int64_t>(s.tokens.size()), "commit_decode: sequence ", seq_id,
-          " is not decoding");
-  require(count >= 1, "commit_decode: counts must be >= 1, got ", count);
-  require(s.num_computed + count <= static_cast<int64_t>(s.logical.size()) * cfg_.block_size, "commit_decode: ",
-          count, " tokens from position ", s.num_computed, " run past the blocks appended for sequence ", seq_id);
+  require(is_decoding(s), "commit_decode: sequence ", seq_id, " is not decoding");
+  require(count >= 1 && count <= s.scheduled, "commit_decode: counts must be in [1, ", s.scheduled,
+          "] (the positions append() scheduled for sequence ", seq_id, "), got ", count);
 }
 
 void KvManager::apply_commit_decode(Sequence& s, const int32_t* tokens, int64_t count) {
   s.num_computed += count;
+  s.scheduled = 0;
   s.tokens.insert(s.tokens.end(), tokens, tokens + count);
   publish_full_blocks(s);  // a decode block is cacheable once full and committed
 }
@@ -791,7 +843,7 @@ std::vector<int64_t> KvManager::to_state() const {
     st.push_back(id);
     st.push_back(static_cast<int64_t>(s.tokens.size()));
     st.insert(st.end(), s.tokens.begin(), s.tokens.end());
-    st.insert(st.end(), {s.num_prompt, s.num_computed, s.swa_written_lo, s.swa_freed_upto, s.swa_quota});
+    st.insert(st.end(), {s.num_prompt, s.num_computed, s.swa_written_lo, s.swa_freed_upto, s.swa_quota, s.scheduled});
     st.push_back(static_cast<int64_t>(s.logical.size()));
     st.insert(st.end(), s.logical.begin(), s.logical.end());
     st.insert(st.end(), s.swa.begin(), s.swa.end());
@@ -835,6 +887,8 @@ std::unique_ptr<KvManager> KvManager::from_state(const std::vector<int64_t>& st)
     s.swa_written_lo = r.next();
     s.swa_freed_upto = r.next();
     s.swa_quota = r.next();
+    s.scheduled = r.next();
+    require(s.scheduled >= 0 && s.scheduled <= 1 + cfg.mtp_k, "KvManager state: bad scheduled count ", s.scheduled);
     const int64_t len = r.count(cfg.max_blocks_per_seq, "block");
     s.phys.resize(static_cast<size_t>(m->num_types()));
     for (int64_t i = 0; i < len; ++i) {

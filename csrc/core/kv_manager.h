@@ -151,7 +151,9 @@ class KvManager {
     int64_t swa_freed_upto = 0;      // entries [0, this) are window-freed (-1)
     int64_t swa_quota = 0;
     int64_t swa_held = 0;
+    int64_t scheduled = 0;           // positions the last append() scheduled, not yet committed
     int64_t stage_row = -1, dirty_lo = 0;
+    mutable uint64_t batch_mark = 0;  // == batch_mark_ while a batch call validates it
   };
   struct Admission {
     bool ok = false;
@@ -159,7 +161,6 @@ class KvManager {
     int64_t cached_blocks = 0;    // hits after the gate
     int64_t compress_demand = 0;  // new physical blocks per type
     int64_t quota = 0;
-    bool needs_reclaim = false;
     std::vector<uint64_t> hashes;
     std::vector<int64_t> hit_ids;
   };
@@ -168,13 +169,18 @@ class KvManager {
   Sequence& seq(int64_t seq_id);
   const Sequence& seq(int64_t seq_id) const;
   bool swa_enabled() const { return swa_ != nullptr; }
+  // A sequence decodes once its prompt is computed and the token sampled
+  // after it was committed; from then on num_tokens == num_computed + 1.
+  static bool is_decoding(const Sequence& s) { return static_cast<int64_t>(s.tokens.size()) > s.num_prompt; }
   int64_t blocks_for(int64_t tokens) const { return (tokens + cfg_.block_size - 1) / cfg_.block_size; }
   int64_t quota_for(int64_t num_blocks, bool decoding) const {
     return std::min(decoding ? decode_peak_ : prefill_peak_, num_blocks);
   }
   int64_t checkpoint_reserve() const { return swa_ ? swa_->checkpoint_capacity() : 0; }
-  bool capacity_ok(int64_t extra_quota, int64_t compress_demand, int64_t extra_free) const;
-  bool capacity_ok_now(int64_t extra_quota, int64_t compress_demand, bool& needs_reclaim) const;
+  bool capacity_ok(int64_t extra_quota, int64_t compress_demand, const std::vector<int64_t>& reclaim = {}) const;
+  // Room now, or once the cached compress slots are reclaimed that stay
+  // reclaimable after the free blocks `going_live` (hits, blocks to pop) go live.
+  bool capacity_ok_with_reclaim(int64_t extra_quota, int64_t compress_demand, const std::vector<int64_t>& going_live) const;
   void reclaim_until(int64_t extra_quota, int64_t compress_demand);
   void reclaim_one_slot();
 
@@ -182,10 +188,13 @@ class KvManager {
   int64_t bounded_hit(const int32_t* tokens, int64_t hit, const std::vector<uint64_t>& hashes) const;
   bool is_checkpoint(const Sequence& s, int64_t block) const;
 
-  int64_t pop_bound_block();
-  void bind(int64_t id);
+  int64_t pop_block();
+  void bind_popped(const std::vector<int64_t>& ids);
+  void alloc_binding(int64_t type, int64_t id);
+  void free_binding(int64_t type, int64_t id);
   void unbind(int64_t id);
   void on_live_change(int64_t id, int delta);
+  void on_live_change(int64_t type, int64_t id, int delta);
   void on_compress_freed(int64_t type, int64_t phys);
   void update_reclaimable(int64_t slot);
   int64_t shared_slot_of(int64_t type, int64_t phys) const;
@@ -217,6 +226,7 @@ class KvManager {
   std::vector<int64_t> row_seq_, row_len_;           // staging rows: sequence and length last written
   std::vector<KvEvent> events_;
   KvManagerStats stats_;
+  mutable uint64_t batch_mark_ = 0;
 };
 
 }  // namespace ukv

@@ -96,6 +96,9 @@ void SwaBlocks::evict_slot(int64_t id) {
 }
 
 void SwaBlocks::clear_cache() {
+  // Pins exist only to keep cached checkpoints; without the cache they would
+  // hold their slots forever.
+  while (!lru_.empty()) release(lru_.pop_front());
   by_hash_.clear();
   for (int64_t id = 0; id < num_blocks(); ++id)
     if (ref_[static_cast<size_t>(id)] == 0) has_hash_[static_cast<size_t>(id)] = 0;

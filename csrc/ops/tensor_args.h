@@ -19,19 +19,33 @@ inline at::Tensor int64_arg(const at::Tensor& t, const char* arg) {
 }
 
 // Token ids as int32 (int32 or int64 input), each in [min_value, int32 max].
+// Plain loops, no ATen ops: this runs on every decode step, where a reduction
+// plus .item() would cost more than the manager's own work.
 inline at::Tensor token_arg(const at::Tensor& t, const char* arg, int64_t min_value = 0) {
   TORCH_CHECK_VALUE(t.defined(), arg, " must be a 1-D int32/int64 CPU tensor, got None");
   TORCH_CHECK_VALUE(t.dim() == 1, arg, " must be a 1-D tensor, got ", t.dim(), " dims");
   TORCH_CHECK_VALUE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, arg,
                     " must be int32 or int64, got ", t.scalar_type());
   TORCH_CHECK_VALUE(t.device().is_cpu(), arg, " must be a CPU tensor, got ", t.device());
-  if (t.numel() > 0) {
-    const auto [lo, hi] = at::aminmax(t);
-    TORCH_CHECK_VALUE(lo.item<int64_t>() >= min_value && hi.item<int64_t>() <= std::numeric_limits<int32_t>::max(),
-                      arg, " values must be in [", min_value, ", 2^31 - 1], got [", lo.item<int64_t>(), ", ",
-                      hi.item<int64_t>(), "]");
+  const at::Tensor in = t.contiguous();
+  const int64_t n = in.numel();
+  auto check = [&](int64_t v) {
+    TORCH_CHECK_VALUE(v >= min_value && v <= std::numeric_limits<int32_t>::max(), arg, " values must be in [",
+                      min_value, ", 2^31 - 1], got ", v);
+  };
+  if (in.scalar_type() == at::kInt) {
+    const int32_t* p = in.data_ptr<int32_t>();
+    for (int64_t i = 0; i < n; ++i) check(p[i]);
+    return in;
   }
-  return t.to(at::kInt).contiguous();
+  at::Tensor out = at::empty({n}, at::TensorOptions().dtype(at::kInt));
+  const int64_t* p = in.data_ptr<int64_t>();
+  int32_t* q = out.data_ptr<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    check(p[i]);
+    q[i] = static_cast<int32_t>(p[i]);
+  }
+  return out;
 }
 
 inline void require_same_length(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name) {
