@@ -489,9 +489,11 @@ class KvManagerModel:
         self.owner_of[t][phys] = b
 
     def _free_binding(self, t, b):
-        phys = self.binding[t][b]
-        del self.owner_of[t][phys]
+        self._release_phys(t, self.binding[t][b])
         self.binding[t][b] = -1
+
+    def _release_phys(self, t, phys):
+        del self.owner_of[t][phys]
         self.space.free_compress(t, phys)
         slot = self._shared_slot(t, phys)
         if slot is not None:
@@ -509,7 +511,9 @@ class KvManagerModel:
     def _bind_popped(self, blocks):
         """Blocks without a binding get one first (the admission counted exactly
         them as compress demand); a retained binding then moves (is freed and
-        bound afresh) only if its pool has room without borrowing a shared slot."""
+        bound afresh) only if its pool has room without borrowing a shared slot.
+        The new block is taken before the old one is freed: freeing first could
+        close the very slot that was the room and make the allocation borrow."""
         if not self.unified:
             return
         retained = [b for b in blocks if self.binding[0][b] >= 0]
@@ -523,8 +527,9 @@ class KvManagerModel:
                 if self.pools[t].free_own_blocks() == 0:
                     continue
                 self._live_change(b, -1, [t])
-                self._free_binding(t, b)
+                old = self.binding[t][b]
                 self._alloc_binding(t, b)
+                self._release_phys(t, old)
                 self._live_change(b, +1, [t])
 
     def _reclaim_one(self):

@@ -201,9 +201,12 @@ void KvManager::alloc_binding(int64_t type, int64_t id) {
 }
 
 void KvManager::free_binding(int64_t type, int64_t id) {
-  const int32_t phys = logical_.binding(type, id);
-  owner_of_phys_[static_cast<size_t>(type)][static_cast<size_t>(phys)] = -1;
+  release_phys(type, logical_.binding(type, id));
   logical_.set_binding(type, id, -1);
+}
+
+void KvManager::release_phys(int64_t type, int32_t phys) {
+  owner_of_phys_[static_cast<size_t>(type)][static_cast<size_t>(phys)] = -1;
   coord_->free_compress(type, phys);
   on_compress_freed(type, phys);
 }
@@ -226,12 +229,15 @@ void KvManager::bind_popped(const std::vector<int64_t>& ids) {
   // A retained binding moves on reuse (H3: free it, bind afresh), so borrowed
   // shared slots drift back to SWA, but only into room the pool already has:
   // a move that borrowed a fresh shared slot could take one SWA was promised.
+  // The new block is taken before the old one is freed: freeing first could
+  // close the very slot that was the room, and the allocation would borrow.
   for (int64_t id : retained)
     for (int64_t t = 0; t < num_types(); ++t) {
       if (coord_->pool(t).free_own_compress_blocks() == 0) continue;
       on_live_change(t, id, -1);
-      free_binding(t, id);
+      const int32_t old = logical_.binding(t, id);
       alloc_binding(t, id);
+      release_phys(t, old);
       on_live_change(t, id, +1);
     }
 }

@@ -191,6 +191,7 @@ class KvManager {
   int64_t pop_block();
   void bind_popped(const std::vector<int64_t>& ids);
   void alloc_binding(int64_t type, int64_t id);
+  void release_phys(int64_t type, int32_t phys);
   void free_binding(int64_t type, int64_t id);
   void unbind(int64_t id);
   void on_live_change(int64_t id, int delta);
