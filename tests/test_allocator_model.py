@@ -30,7 +30,7 @@ from typing import Callable, Optional
 import pytest
 import torch
 
-import ukv_torch  # noqa: F401  (registers torch.classes.ukv)
+from ukv_torch import OutOfSlots, UnifiedKvCoordinator
 from allocator_model import (
     COMPRESS,
     FREE,
@@ -489,8 +489,10 @@ class CoordinatorRun(Run):
                 self.keep_promise(n_swa, demand)
             else:
                 assert not must_admit, f"refused ({n_swa}, {demand}), which cannot fail in any order"
-        return Op("can_allocate_jointly", lambda: self.obj.can_allocate_jointly(n_swa, demand), judge=judge,
-                  query=True)
+        return Op("can_allocate_jointly", self.joint_admission_call(n_swa, demand), judge=judge, query=True)
+
+    def joint_admission_call(self, n_swa, demand):
+        return lambda: self.obj.can_allocate_jointly(n_swa, demand)
 
     def keep_promise(self, n_swa, demand):
         """An admitted demand succeeds in every order: check the extreme orders
@@ -554,6 +556,106 @@ class CoordinatorRun(Run):
         for slot in range(self.base):
             assert obj.is_free_swa(slot) == ledger.expected_swa_free(slot), f"is_free_swa({slot})"
         assert obj.free_swa_slots() == model.free_swa_slots()
+
+
+class DropInRun(CoordinatorRun):
+    """The seed-compatible UnifiedKvCoordinator against the same model: its
+    calls go through the drop-in, its evictions through the callback, which
+    must have delivered exactly the model's evictions when each allocation
+    returns. The checks after every operation read its torch object."""
+
+    OPS = [
+        ("alloc_swa", 8), ("free_swa", 8), ("claim_swa", 3), ("is_free_swa", 1), ("has_free_swa", 1),
+        ("alloc_compress", 12), ("free_compress", 12), ("has_free_compress", 1),
+        ("can_allocate_jointly", 3), ("round_trip", 0.2),
+    ]
+
+    def __init__(self, seed, num_swa_base, n_csa_slots, n_hca_slots):
+        super().__init__(seed, num_swa_base, [32, 1], [n_csa_slots, n_hca_slots], 128)
+        self.drop_in = UnifiedKvCoordinator(num_swa_base, n_csa_slots, n_hca_slots)
+        self.delivered = []
+        self.drop_in.set_swa_evict_cb(self.delivered.append)
+        self.obj = self.drop_in.torch_object
+
+    def pick_type(self):
+        return self.rng.randrange(2)
+
+    @staticmethod
+    def upstream_allocation(call):
+        """A drop-in allocation: exhaustion must be OutOfSlots."""
+        def checked():
+            try:
+                return call()
+            except RuntimeError as exc:
+                assert not str(exc).startswith("No free") or isinstance(exc, OutOfSlots), exc
+                raise
+        return checked
+
+    def delivered_then(self, effect):
+        """After a successful allocation: the callback has already delivered
+        exactly the evictions the model made, nothing later can have added any."""
+        def checked(value):
+            assert self.delivered == self.model.take_evicted_swa(), "evictions not delivered before return"
+            self.delivered.clear()
+            effect(value)
+        return checked
+
+    def op_alloc_swa(self):
+        return Op("alloc_swa", self.upstream_allocation(lambda: self.drop_in.alloc_swa()), self.model.alloc_swa,
+                  effect=self.ledger.swa_taken)
+
+    def op_free_swa(self):
+        slot = pick_id(self.rng, self.ledger.swa_held, self.base)
+        return Op("free_swa", lambda: self.drop_in.free_swa(slot), lambda: self.model.free_swa(slot),
+                  effect=lambda _: self.ledger.swa_freed(slot))
+
+    def op_claim_swa(self):
+        slot = self.rng.randrange(-1, self.base + 1)
+        return Op("claim_swa", lambda: self.drop_in.claim_swa(slot), lambda: self.model.claim_swa(slot),
+                  effect=lambda _: self.ledger.swa_taken(slot))
+
+    def op_is_free_swa(self):
+        slot = self.rng.randrange(-1, self.base + 1)
+        return Op("is_free_swa", lambda: self.drop_in.is_free_swa(slot), lambda: self.model.is_free_swa(slot),
+                  query=True)
+
+    def op_has_free_swa(self):
+        n = self.rng.randrange(-1, self.base + 2)
+        return Op("has_free_swa", lambda: self.drop_in.has_free_swa(n), lambda: self.model.has_free_swa(n),
+                  query=True)
+
+    def op_alloc_compress_of(self, t):
+        alloc = (self.drop_in.alloc_csa, self.drop_in.alloc_hca)[t]
+        return Op("alloc_compress", self.upstream_allocation(alloc), lambda: self.model.alloc_compress(t),
+                  effect=self.delivered_then(lambda phys: self.ledger.compress_taken(t, phys)))
+
+    def op_alloc_compress(self):
+        return self.op_alloc_compress_of(self.pick_type())
+
+    def op_free_compress(self):
+        t = self.pick_type()
+        phys = pick_id(self.rng, self.held(t), self.compress_ids(t))
+        free = (self.drop_in.free_csa, self.drop_in.free_hca)[t]
+        return Op("free_compress", lambda: free(phys), lambda: self.model.free_compress(t, phys),
+                  effect=lambda _: self.ledger.compress_freed(t, phys))
+
+    def op_has_free_compress(self):
+        t = self.pick_type()
+        n = self.boundary_n(t)
+        has_free = (self.drop_in.has_free_csa, self.drop_in.has_free_hca)[t]
+        return Op("has_free_compress", lambda: has_free(n), lambda: self.model.has_free_compress(t, n), query=True)
+
+    def joint_admission_call(self, n_swa, demand):
+        if len(demand) != 2:  # a malformed demand has no drop-in spelling
+            return super().joint_admission_call(n_swa, demand)
+        return lambda: self.drop_in.can_allocate_jointly(n_swa, *demand)
+
+    def op_round_trip(self):
+        def replace(_):
+            clone = copy.deepcopy(self.drop_in)  # shares the callback, which appends to self.delivered
+            assert clone.torch_object.__getstate__() == self.obj.__getstate__()
+            self.drop_in, self.obj = clone, clone.torch_object
+        return Op("round_trip", lambda: None, lambda: None, effect=replace)
 
 
 class PoolRun(Run):
@@ -719,7 +821,15 @@ POOL_SHAPES = {
     "zero_slots": ((0, 32, 128, 0), (1, 2_000)),
 }
 
-TOTAL_OPERATIONS = sum(runs * ops for _, (runs, ops) in [*COORDINATOR_SHAPES.values(), *POOL_SHAPES.values()])
+DROP_IN_SHAPES = {
+    # name: (num_swa_base, n_csa_slots, n_hca_slots), (runs, operations per run)
+    "v4_pair": ((4, 6, 5), (2, 3_000)),
+    "no_own_region": ((3, 3, 3), (2, 3_000)),
+}
+
+
+TOTAL_OPERATIONS = sum(runs * ops for _, (runs, ops) in [*COORDINATOR_SHAPES.values(), *POOL_SHAPES.values(),
+                                                         *DROP_IN_SHAPES.values()])
 
 
 def test_the_runs_total_at_least_100k_operations():
@@ -766,6 +876,16 @@ def test_coordinator_matches_model(name):
         counters = run.model.all_counters()
         assert counters["swa_evictions"] > 0 and sum(counters[f"type{t}_borrows"] for t in range(len(ks))) > 0
         assert outcomes["promised allocation", "ok"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(DROP_IN_SHAPES))
+def test_drop_in_coordinator_matches_model(name):
+    shape, (runs, ops) = DROP_IN_SHAPES[name]
+    outcomes, run = run_all(lambda seed: DropInRun(seed, *shape), "drop_in/" + name, runs, ops)
+    assert_coverage(outcomes, DropInRun.OPS, ["alloc_swa", "free_swa", "claim_swa", "alloc_compress", "free_compress"],
+                    [("alloc_swa", "exhausted"), ("alloc_compress", "exhausted"), ("free_swa", "state"),
+                     ("free_compress", "state"), ("free_compress", "invalid")])
+    assert run.model.counters["swa_evictions"] > 0 and outcomes["promised allocation", "ok"] > 0
 
 
 @pytest.mark.parametrize("name", sorted(POOL_SHAPES))

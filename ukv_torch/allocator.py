@@ -170,7 +170,9 @@ class UnifiedKvCoordinator:
     registers the SWA pool's eviction hook: when a compress allocation borrows a
     released slot that may still back a cached SWA block, cb(slot) is called
     once, before alloc_csa/alloc_hca returns, and before any other thread's
-    allocation can receive a block of that slot.
+    allocation can receive a block of that slot. Evictions caused by calls
+    made directly on `torch_object` are that caller's to take
+    (`torch_object.take_evicted_swa()`).
     """
 
     CSA, HCA = 0, 1
@@ -232,17 +234,20 @@ class UnifiedKvCoordinator:
     def _alloc_compress_block(self, type_index: int) -> int:
         return self.torch_object.alloc_compress(type_index)
 
-    def _alloc_compress(self, type_index: int) -> int:
+    def _alloc_compress(self, type_index: int, blocks_per_slot: int) -> int:
         with self._eviction_lock:
             phys = self._alloc_compress_block(type_index)
-            self._deliver_evictions()
+            # Only a call that opened a shared slot (sub-block 0 of a slot below
+            # num_swa_base) can have evicted; skip the second call otherwise.
+            if phys % blocks_per_slot == 0 and phys // blocks_per_slot < self.num_swa_base:
+                self._deliver_evictions()
         return phys
 
     def alloc_csa(self) -> int:
-        return self._alloc_compress(self.CSA)
+        return self._alloc_compress(self.CSA, self.csa.bps)
 
     def alloc_hca(self) -> int:
-        return self._alloc_compress(self.HCA)
+        return self._alloc_compress(self.HCA, self.hca.bps)
 
     def free_csa(self, p: int) -> None:
         self.torch_object.free_compress(self.CSA, p)

@@ -236,6 +236,54 @@ TEST(Coordinator, SwaSpaceRowsMustFitTheRowLimit) {
   EXPECT_NO_THROW(Coordinator(kMaxRows / kHugeBlock, {}, kHugeBlock));
 }
 
+TEST(Coordinator, ListenerReplacesTheEvictionQueue) {
+  Coordinator c(2, {{128, 2}}, 128);
+  c.free_swa(c.alloc_swa());
+  c.alloc_compress(0);
+  EXPECT_EQ(c.pending_evictions(), 1);  // no listener: queued
+  std::vector<int64_t> heard;
+  c.set_evict_listener([&](int64_t slot) {
+    EXPECT_FALSE(c.is_free_swa(slot));  // the state is final when the listener runs
+    heard.push_back(slot);
+  });
+  c.free_swa(c.alloc_swa());             // slot 1
+  c.alloc_compress(0);
+  EXPECT_EQ(heard, std::vector<int64_t>{1});
+  EXPECT_EQ(c.take_evicted_swa(), std::vector<int64_t>{0});  // only what was queued before
+  EXPECT_EQ(c.counters().swa_evictions, 2);
+}
+
+TEST(Coordinator, SwaBatchesAreAllOrNothing) {
+  Coordinator c = make(3, 8);
+  EXPECT_EQ(c.alloc_swa_n(2), (std::vector<int64_t>{0, 1}));
+  const auto before = c.to_state();
+  EXPECT_THROW(c.alloc_swa_n(2), OutOfSlots);
+  const int64_t duplicate[] = {0, 0}, not_held[] = {0, 2}, out_of_range[] = {0, 3};
+  EXPECT_THROW(c.free_swa_many(duplicate, 2), StateError);
+  EXPECT_THROW(c.free_swa_many(not_held, 2), StateError);
+  EXPECT_THROW(c.free_swa_many(out_of_range, 2), InvalidArgument);
+  EXPECT_EQ(c.to_state(), before);
+  const int64_t held[] = {1, 0};
+  c.free_swa_many(held, 2);
+  EXPECT_EQ(c.alloc_swa_n(3), (std::vector<int64_t>{2, 1, 0}));  // FIFO: never-used slot 2 first
+}
+
+TEST(Coordinator, FromStateRejectsInconsistentSwaRecords) {
+  Coordinator c = make(2, 8);
+  c.alloc_swa();
+  auto st = c.to_state();
+  // The SWA records follow the header and the pools' states: find slot 0's
+  // (state, cached) pair by its position from the end (2 slots x 2 values,
+  // the free list (length 1 + 1 id), the queue length, 4 counters).
+  const size_t slot0 = st.size() - (4 + 2 + 1 + 4);
+  ASSERT_EQ(st[slot0], 1);   // held
+  st[slot0 + 1] = 1;         // ...yet marked as caching a released block
+  EXPECT_THROW(Coordinator::from_state(st), InvalidArgument);
+  st[slot0 + 1] = 0;
+  st[slot0] = 2;             // released, but still reserved in the pools
+  EXPECT_THROW(Coordinator::from_state(st), InvalidArgument);
+}
+
 TEST(Coordinator, StateRoundTripContinuesIdentically) {
   Coordinator a = make(8, 64);
   std::vector<int64_t> swa;

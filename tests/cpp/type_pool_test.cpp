@@ -2,6 +2,8 @@
 // with the ARCHITECTURE.md fixes).
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "core/errors.h"
 #include "core/type_pool.h"
 
@@ -118,6 +120,50 @@ TEST(TypePool, BadConstructorArguments) {
   EXPECT_THROW(TypePool(4, 32, 0), InvalidArgument);
   EXPECT_THROW(TypePool(4, 32, 128, 5), InvalidArgument);
   EXPECT_THROW(TypePool(int64_t{1} << 25, 32, 128), InvalidArgument);  // > int32 rows
+}
+
+TEST(TypePool, BatchMethodsAreAllOrNothing) {
+  TypePool p(2, 32, 128);
+  EXPECT_EQ(p.alloc_compress_n(3), (std::vector<int64_t>{0, 1, 2}));
+  const auto before = p.to_state();
+  EXPECT_THROW(p.alloc_compress_n(6), OutOfSlots);  // 5 left
+  EXPECT_THROW(p.alloc_compress_n(-1), InvalidArgument);
+  const int64_t duplicate[] = {0, 1, 0}, foreign[] = {0, 1, 3}, out_of_range[] = {0, 8};
+  EXPECT_THROW(p.free_compress_many(duplicate, 3), StateError);
+  EXPECT_THROW(p.free_compress_many(foreign, 3), StateError);
+  EXPECT_THROW(p.free_compress_many(out_of_range, 2), InvalidArgument);
+  EXPECT_EQ(p.to_state(), before);
+  const int64_t held[] = {2, 0, 1};
+  p.free_compress_many(held, 3);
+  EXPECT_EQ(p.free_compress_blocks(), 8);
+  EXPECT_EQ(p.alloc_swa_n(2), (std::vector<int64_t>{1, 0}));  // slot 0 went to the back when it emptied
+  const int64_t swa_duplicate[] = {1, 1};
+  EXPECT_THROW(p.free_swa_many(swa_duplicate, 2), StateError);
+  p.check_invariants();
+}
+
+TEST(TypePool, SwaOnlyPoolHasNoCompressRole) {
+  TypePool p(2, 0, 128);
+  EXPECT_EQ(p.blocks_per_slot(), 0);
+  EXPECT_TRUE(p.has_free_compress(1000));
+  EXPECT_EQ(p.free_compress_blocks(), 0);
+  EXPECT_THROW(p.alloc_compress(), InvalidArgument);
+  EXPECT_THROW(p.free_compress(0), InvalidArgument);
+  EXPECT_TRUE(p.alloc_compress_n(0).empty());
+  EXPECT_THROW(p.alloc_compress_n(1), InvalidArgument);
+  EXPECT_EQ(p.alloc_swa(), 0);
+}
+
+TEST(TypePool, OneBlockPerSlotNeverLeavesASlotOpen) {
+  TypePool p(3, 256, 256, 1);  // k = block_size
+  EXPECT_EQ(p.alloc_compress(), 1);  // own region first
+  EXPECT_EQ(p.alloc_compress(), 2);
+  EXPECT_EQ(p.open_free_blocks(), 0);
+  EXPECT_TRUE(p.free_compress(1));   // the slot is free again at once
+  EXPECT_EQ(p.alloc_compress(), 1);
+  EXPECT_EQ(p.alloc_compress(), 0);  // then the shared slot
+  EXPECT_EQ(p.counters().borrows, 1);
+  p.check_invariants();
 }
 
 TEST(TypePool, StateRoundTripContinuesIdentically) {
