@@ -683,7 +683,8 @@ class KvManagerModel:
 
     def _is_checkpoint(self, s, i):
         rb, need = self.retention_blocks, self.tail_blocks
-        return i % rb >= rb - need or i >= s.num_prompt // self.bs - need
+        prompt_blocks = s.num_prompt // self.bs  # decode blocks: the segment rule only
+        return i % rb >= rb - need or prompt_blocks - need <= i < prompt_blocks
 
     def _publish_full_blocks(self, s):
         if not self.prefix_caching:

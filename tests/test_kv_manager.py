@@ -451,3 +451,21 @@ def test_staging_across_many_steps_with_changing_tables(unified):
         if batch:
             assert torch.equal(m.tables[:len(batch)], expected_rows(m, batch, width)), step
     assert next_id > 20
+
+
+def test_sparse_checkpoints_pin_segment_ends_and_the_prompt_tail_not_every_decode_block():
+    # retention every 4 blocks, window 128 (tail 1): checkpoints are blocks i % 4 == 3 and the
+    # prompt's last full block; decode blocks are pinned only by the segment rule.
+    m = KvManager(num_logical_blocks=64, num_swa_blocks=64, full_retain=True, retention_interval=4 * 128,
+                  checkpoint_frac=0.5, max_num_seqs=2, max_blocks_per_seq=32)
+    m.allocate(0, list(range(1, 257)))
+    m.ensure_for_tokens([0], [256])
+    m.commit_prefill([0], [256], [7])
+    for _ in range(1280):
+        m.append([0])
+        m.commit_decode([0], [1], [9])
+    m.deallocate([0])
+    published = m.num_computed(0) if m.has_sequence(0) else (256 + 1280) // 128
+    expected = {i for i in range(published) if i % 4 == 3 or i == 256 // 128 - 1}
+    assert m.stats()["held_swa_slots"] == len(expected) == 4
+    m.check_invariants()

@@ -434,8 +434,12 @@ void KvManager::ensure_for_tokens(const int64_t* seq_ids, const int64_t* counts,
 }
 
 bool KvManager::is_checkpoint(const Sequence& s, int64_t block) const {
-  const int64_t rb = retention_blocks_, need = tail_blocks_;
-  return block % rb >= rb - need || block >= s.num_prompt / cfg_.block_size - need;
+  // The last `need` blocks of every retention segment, and the trailing
+  // window before the prompt's end. Decode blocks (published here, unlike
+  // upstream) are checkpoints only by the segment rule, so generation does
+  // not pin every block it writes.
+  const int64_t rb = retention_blocks_, need = tail_blocks_, prompt_blocks = s.num_prompt / cfg_.block_size;
+  return block % rb >= rb - need || (block >= prompt_blocks - need && block < prompt_blocks);
 }
 
 void KvManager::publish_full_blocks(Sequence& s) {
