@@ -23,7 +23,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--preset", default="demo", choices=sorted(PRESETS),
                    help="layer mix: demo = 1 dense + 2 CSA + 2 HCA layers; v4-flash / v4-pro = the full models")
-    p.add_argument("--budget-mib", type=float, default=96.0, help="KV byte budget, at V4 fp8 sizes")
+    p.add_argument("--budget-mib", type=float, default=64.0, help="KV byte budget, at V4 fp8 sizes")
     p.add_argument("--steps", type=int, default=1500, help="step limit per layout")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--conversations", type=int, default=48, help="synthetic workload size")
