@@ -100,6 +100,9 @@ demo: build
 bench: build cpp-test
 	$(BUILD_DIR)/bench_core --benchmark_min_time=0.2
 	$(PYTHON) benchmarks/bench_allocator.py
+	$(PYTHON) benchmarks/bench_manager.py
+	@$(PYTHON) -c "import matplotlib" 2>/dev/null || $(PIP) install -q matplotlib
+	$(PYTHON) benchmarks/capacity.py --plot benchmarks/capacity.png
 
 bench-kernels: build
 	$(PYTHON) benchmarks/bench_kernels.py --out build/bench_kernels.json
