@@ -168,7 +168,6 @@ class KvManager {
   void install_evict_listener();
   Sequence& seq(int64_t seq_id);
   const Sequence& seq(int64_t seq_id) const;
-  bool swa_enabled() const { return swa_ != nullptr; }
   // A sequence decodes once its prompt is computed and the token sampled
   // after it was committed; from then on num_tokens == num_computed + 1.
   static bool is_decoding(const Sequence& s) { return static_cast<int64_t>(s.tokens.size()) > s.num_prompt; }

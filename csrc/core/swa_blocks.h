@@ -47,7 +47,6 @@ class SwaBlocks {
   void check_invariants() const;
   void append_state(std::vector<int64_t>& st) const;
   void load_state(const std::vector<int64_t>& st, size_t& pos);
-  const TypePool* static_pool() const { return static_pool_.get(); }
 
  private:
   int64_t source_alloc();
