@@ -3,11 +3,11 @@ check the integrity of every index along the way. Exits 1 on any mismatch."""
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
 
-import torch
 
 from ..planning import MODEL_PRESETS, plan_kv_layout
 from . import report
@@ -80,7 +80,6 @@ def run(args) -> int:
 
 def workload_copy(w):
     """Each layout serves the same workload from scratch."""
-    import copy
     return copy.deepcopy(w)
 
 

@@ -13,8 +13,8 @@ per-token formulas (SPEC.md §2.4-2.6):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from dataclasses import dataclass
+from typing import List, Tuple
 
 import numpy as np
 import torch
@@ -54,12 +54,6 @@ class Mismatch:
     row: int
     expected: int
     found: int
-
-
-@dataclass
-class StepIndices:
-    """Expected contents per role, flat in kernel slice order, with the positions they belong to."""
-    slices: dict = field(default_factory=dict)
 
 
 class IntegrityChecker:
@@ -111,8 +105,7 @@ class IntegrityChecker:
                                             int(found[i])))
 
     # --- decode ------------------------------------------------------------
-    def decode(self, tokens: List[Token], tables: torch.Tensor, num_rows: int,
-               graph_outputs: Optional[dict] = None) -> None:
+    def decode(self, tokens: List[Token], tables: torch.Tensor, num_rows: int) -> None:
         """tokens: one per decode row (count 1); tables: the staged tables."""
         if not tokens:
             return
@@ -130,10 +123,7 @@ class IntegrityChecker:
         hca_ptr = np.concatenate([[0], np.cumsum(n_swa + n_hca)])
         self.valid_range = (p + 1) // 4
         picks = self._topk(valid)
-        if graph_outputs is None:
-            out = self._decode_ops(p, bid, n_csa_seq, n_hca_seq, picks, tables, swa_ptr, csa_ptr, hca_ptr)
-        else:
-            out = graph_outputs
+        out = self._decode_ops(p, bid, n_csa_seq, n_hca_seq, picks, tables, swa_ptr, csa_ptr, hca_ptr)
         # The device-side indptrs must be exactly the formulas'.
         for name, want in (("swa_indptr", swa_ptr), ("csa_indptr", csa_ptr), ("hca_indptr", hca_ptr)):
             got = out[name][: len(want)].cpu().numpy()
