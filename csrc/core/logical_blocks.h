@@ -11,9 +11,9 @@
 #pragma once
 
 #include <cstdint>
-#include <unordered_map>
 #include <vector>
 
+#include "core/block_contents.h"
 #include "core/kv_events.h"
 #include "core/slot_list.h"
 
@@ -27,12 +27,10 @@ class LogicalBlocks {
   int64_t free_count() const { return free_.size(); }
   int64_t ref(int64_t id) const { return ref_[static_cast<size_t>(id)]; }
   bool is_free(int64_t id) const { return free_.contains(id); }
-  bool has_hash(int64_t id) const { return has_hash_[static_cast<size_t>(id)] != 0; }
-  uint64_t hash(int64_t id) const { return hash_[static_cast<size_t>(id)]; }
   const SlotList& free_list() const { return free_; }
 
   // The cached block holding exactly these tokens under this hash, or -1.
-  int64_t lookup(uint64_t hash, const int32_t* tokens) const;
+  int64_t lookup(uint64_t hash, const int32_t* tokens) const { return contents_.lookup(hash, tokens); }
 
   // A prefix-cache hit: a free block leaves the free list with ref 1 and keeps
   // its hash; a used block gains a reference.
@@ -50,7 +48,6 @@ class LogicalBlocks {
   // Forgets a block's content (the cache may no longer hit it).
   void drop_hash(int64_t id, std::vector<KvEvent>& events);
   void clear_cache(std::vector<KvEvent>& events);
-  const int32_t* tokens(int64_t id) const { return &tokens_[static_cast<size_t>(id * block_size_)]; }
 
   // --- physical bindings (unified layout) ---
   int32_t binding(int64_t type, int64_t id) const { return binding_[static_cast<size_t>(type)][static_cast<size_t>(id)]; }
@@ -66,14 +63,10 @@ class LogicalBlocks {
  private:
   void forget(int64_t id, std::vector<KvEvent>& events);
 
-  int64_t block_size_;
   std::vector<int32_t> ref_;
-  std::vector<uint8_t> has_hash_;
-  std::vector<uint64_t> hash_;
-  std::vector<int32_t> tokens_;                 // block_size tokens per block, valid while hashed
+  BlockContents contents_;
   std::vector<std::vector<int32_t>> binding_;   // [type][logical] -> phys or -1
   SlotList free_;
-  std::unordered_map<uint64_t, int32_t> by_hash_;
 };
 
 }  // namespace ukv

@@ -1,16 +1,13 @@
 #include "core/swa_blocks.h"
 
-#include <algorithm>
-#include <cstring>
 
 #include "core/errors.h"
 
 namespace ukv {
 
 SwaBlocks::SwaBlocks(int64_t num_blocks, int64_t block_size, Coordinator* coordinator, int64_t checkpoint_capacity)
-    : block_size_(block_size), coordinator_(coordinator), checkpoint_capacity_(checkpoint_capacity),
-      ref_(static_cast<size_t>(num_blocks), 0), has_hash_(static_cast<size_t>(num_blocks), 0),
-      hash_(static_cast<size_t>(num_blocks), 0), tokens_(static_cast<size_t>(num_blocks * block_size), 0),
+    : coordinator_(coordinator), checkpoint_capacity_(checkpoint_capacity),
+      ref_(static_cast<size_t>(num_blocks), 0), contents_(num_blocks, block_size),
       lru_(num_blocks) {
   if (!coordinator_) static_pool_ = std::make_unique<TypePool>(num_blocks, 0, block_size);
 }
@@ -30,25 +27,9 @@ bool SwaBlocks::source_is_free(int64_t id) const {
   return coordinator_ ? coordinator_->is_free_swa(id) : static_pool_->is_free_swa(id);
 }
 
-int64_t SwaBlocks::lookup(uint64_t hash, const int32_t* tokens) const {
-  const auto it = by_hash_.find(hash);
-  if (it == by_hash_.end()) return -1;
-  const int64_t id = it->second;
-  const int32_t* held = &tokens_[static_cast<size_t>(id * block_size_)];
-  return std::memcmp(held, tokens, sizeof(int32_t) * static_cast<size_t>(block_size_)) == 0 ? id : -1;
-}
-
-void SwaBlocks::forget(int64_t id) {
-  auto& flag = has_hash_[static_cast<size_t>(id)];
-  if (!flag) return;
-  const auto it = by_hash_.find(hash_[static_cast<size_t>(id)]);
-  if (it != by_hash_.end() && it->second == id) by_hash_.erase(it);
-  flag = 0;
-}
-
 int64_t SwaBlocks::alloc() {
   const int64_t id = source_alloc();
-  forget(id);  // lazy eviction: reuse is the true eviction point
+  contents_.forget(id);  // lazy eviction: reuse is the true eviction point
   ref_[static_cast<size_t>(id)] = 1;
   return id;
 }
@@ -70,14 +51,6 @@ void SwaBlocks::release(int64_t id) {
   if (--r == 0) source_free(id);
 }
 
-void SwaBlocks::publish(int64_t id, uint64_t hash, const int32_t* tokens) {
-  const auto i = static_cast<size_t>(id);
-  std::memcpy(&tokens_[i * static_cast<size_t>(block_size_)], tokens, sizeof(int32_t) * static_cast<size_t>(block_size_));
-  has_hash_[i] = 1;
-  hash_[i] = hash;
-  by_hash_[hash] = static_cast<int32_t>(id);
-}
-
 void SwaBlocks::pin(int64_t id) {
   if (lru_.contains(id)) {
     refresh(id);
@@ -92,16 +65,14 @@ void SwaBlocks::evict_slot(int64_t id) {
   // Only released slots are borrowed; a pinned checkpoint keeps a reference
   // and so is never evicted this way.
   require<StateError>(ref_[static_cast<size_t>(id)] == 0, "SWA slot ", id, " evicted while referenced");
-  forget(id);
+  contents_.forget(id);
 }
 
 void SwaBlocks::clear_cache() {
   // Pins exist only to keep cached checkpoints; without the cache they would
   // hold their slots forever.
   while (!lru_.empty()) release(lru_.pop_front());
-  by_hash_.clear();
-  for (int64_t id = 0; id < num_blocks(); ++id)
-    if (ref_[static_cast<size_t>(id)] == 0) has_hash_[static_cast<size_t>(id)] = 0;
+  contents_.clear([this](int64_t id) { return ref_[static_cast<size_t>(id)] == 0; });
 }
 
 void SwaBlocks::check_invariants() const {
@@ -115,25 +86,17 @@ void SwaBlocks::check_invariants() const {
   }
   require<StateError>(held == held_slots(), "SWA held-slot count ", held_slots(), " != referenced blocks ", held);
   require<StateError>(lru_.size() <= checkpoint_capacity_, "checkpoint LRU over capacity");
-  for (const auto& [h, id] : by_hash_)
-    require<StateError>(has_hash_[static_cast<size_t>(id)] && hash_[static_cast<size_t>(id)] == h,
-                        "SWA hash map entry for block ", id, " is stale");
+  contents_.check_invariants("SWA");
   if (static_pool_) static_pool_->check_invariants();
 }
 
 void SwaBlocks::append_state(std::vector<int64_t>& st) const {
   st.push_back(num_blocks());
   for (int64_t id = 0; id < num_blocks(); ++id) {
-    const auto i = static_cast<size_t>(id);
-    st.insert(st.end(), {ref_[i], has_hash_[i], static_cast<int64_t>(hash_[i])});
-    if (has_hash_[i])
-      st.insert(st.end(), tokens_.begin() + static_cast<std::ptrdiff_t>(i * static_cast<size_t>(block_size_)),
-                tokens_.begin() + static_cast<std::ptrdiff_t>((i + 1) * static_cast<size_t>(block_size_)));
+    st.push_back(ref_[static_cast<size_t>(id)]);
+    contents_.append_block(st, id);
   }
-  std::vector<std::pair<uint64_t, int32_t>> entries(by_hash_.begin(), by_hash_.end());
-  std::sort(entries.begin(), entries.end());
-  st.push_back(static_cast<int64_t>(entries.size()));
-  for (const auto& [h, id] : entries) st.insert(st.end(), {static_cast<int64_t>(h), id});
+  contents_.append_map(st);
   const auto pins = lru_.to_vector();
   st.push_back(static_cast<int64_t>(pins.size()));
   st.insert(st.end(), pins.begin(), pins.end());
@@ -145,27 +108,16 @@ void SwaBlocks::append_state(std::vector<int64_t>& st) const {
 }
 
 void SwaBlocks::load_state(const std::vector<int64_t>& st, size_t& pos) {
-  auto next = [&]() -> int64_t {
+  const std::function<int64_t()> next = [&]() -> int64_t {
     require(pos < st.size(), "KvManager state is truncated (SWA blocks)");
     return st[pos++];
   };
   require(next() == num_blocks(), "KvManager state: SWA block count differs from the configuration");
   for (int64_t id = 0; id < num_blocks(); ++id) {
-    const auto i = static_cast<size_t>(id);
-    ref_[i] = static_cast<int32_t>(next());
-    has_hash_[i] = static_cast<uint8_t>(next() != 0);
-    hash_[i] = static_cast<uint64_t>(next());
-    if (has_hash_[i])
-      for (int64_t t = 0; t < block_size_; ++t) tokens_[i * static_cast<size_t>(block_size_) + static_cast<size_t>(t)] = static_cast<int32_t>(next());
+    ref_[static_cast<size_t>(id)] = static_cast<int32_t>(next());
+    contents_.load_block(id, next);
   }
-  by_hash_.clear();
-  const int64_t nmap = next();
-  for (int64_t j = 0; j < nmap; ++j) {
-    const auto h = static_cast<uint64_t>(next());
-    const int64_t id = next();
-    require(id >= 0 && id < num_blocks(), "KvManager state: bad SWA hash-map block ", id);
-    by_hash_[h] = static_cast<int32_t>(id);
-  }
+  contents_.load_map(next, "SWA");
   lru_ = SlotList(num_blocks());
   const int64_t npins = next();
   for (int64_t j = 0; j < npins; ++j) {

@@ -11,9 +11,9 @@
 
 #include <cstdint>
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
+#include "core/block_contents.h"
 #include "core/coordinator.h"
 #include "core/slot_list.h"
 #include "core/type_pool.h"
@@ -34,11 +34,11 @@ class SwaBlocks {
   int64_t pinned() const { return lru_.size(); }
   bool is_pinned(int64_t id) const { return lru_.contains(id); }
 
-  int64_t lookup(uint64_t hash, const int32_t* tokens) const;  // -1 if absent
+  int64_t lookup(uint64_t hash, const int32_t* tokens) const { return contents_.lookup(hash, tokens); }  // -1 if absent
   int64_t alloc();                // fresh block, ref 1, stale hash dropped
   void claim(int64_t id);         // cache hit: a free block is reclaimed, a held one shared
   void release(int64_t id);       // ref - 1; at 0 the slot returns (hash kept)
-  void publish(int64_t id, uint64_t hash, const int32_t* tokens);
+  void publish(int64_t id, uint64_t hash, const int32_t* tokens) { contents_.publish(id, hash, tokens); }
   void pin(int64_t id);           // checkpoint pin / LRU refresh
   void refresh(int64_t id) { if (lru_.contains(id)) { lru_.erase(id); lru_.push_back(id); } }
   void evict_slot(int64_t id);    // compress took this released slot: forget its content
@@ -53,17 +53,12 @@ class SwaBlocks {
   void source_free(int64_t id);
   void source_claim(int64_t id);
   bool source_is_free(int64_t id) const;
-  void forget(int64_t id);
 
-  int64_t block_size_;
   Coordinator* coordinator_;
   std::unique_ptr<TypePool> static_pool_;
   int64_t checkpoint_capacity_;
   std::vector<int32_t> ref_;
-  std::vector<uint8_t> has_hash_;
-  std::vector<uint64_t> hash_;
-  std::vector<int32_t> tokens_;
-  std::unordered_map<uint64_t, int32_t> by_hash_;
+  BlockContents contents_;
   SlotList lru_;  // pinned checkpoints, least recently used first
 };
 

@@ -1,0 +1,89 @@
+#include "core/block_contents.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/errors.h"
+
+namespace ukv {
+
+BlockContents::BlockContents(int64_t num_blocks, int64_t block_size)
+    : num_blocks_(num_blocks), block_size_(block_size), has_hash_(static_cast<size_t>(num_blocks), 0),
+      hash_(static_cast<size_t>(num_blocks), 0), tokens_(static_cast<size_t>(num_blocks * block_size), 0) {}
+
+int64_t BlockContents::lookup(uint64_t hash, const int32_t* tokens) const {
+  const auto it = by_hash_.find(hash);
+  if (it == by_hash_.end()) return -1;
+  const int64_t id = it->second;
+  // A hash collision must never alias content: compare the tokens.
+  return std::memcmp(this->tokens(id), tokens, sizeof(int32_t) * static_cast<size_t>(block_size_)) == 0 ? id : -1;
+}
+
+void BlockContents::publish(int64_t id, uint64_t hash, const int32_t* tokens) {
+  const auto i = static_cast<size_t>(id);
+  std::memcpy(&tokens_[i * static_cast<size_t>(block_size_)], tokens,
+              sizeof(int32_t) * static_cast<size_t>(block_size_));
+  has_hash_[i] = 1;
+  hash_[i] = hash;
+  by_hash_[hash] = static_cast<int32_t>(id);
+}
+
+bool BlockContents::forget(int64_t id) {
+  auto& flag = has_hash_[static_cast<size_t>(id)];
+  if (!flag) return false;
+  flag = 0;
+  const auto it = by_hash_.find(hash_[static_cast<size_t>(id)]);
+  if (it == by_hash_.end() || it->second != id) return false;
+  by_hash_.erase(it);
+  return true;
+}
+
+void BlockContents::clear(const std::function<bool(int64_t)>& is_free) {
+  by_hash_.clear();
+  for (int64_t id = 0; id < num_blocks_; ++id)
+    if (is_free(id)) has_hash_[static_cast<size_t>(id)] = 0;
+}
+
+void BlockContents::check_invariants(const char* what) const {
+  for (const auto& [h, id] : by_hash_)
+    require<StateError>(has_hash_[static_cast<size_t>(id)] && hash_[static_cast<size_t>(id)] == h, what,
+                        " hash map entry for block ", id, " is stale");
+}
+
+void BlockContents::append_block(std::vector<int64_t>& st, int64_t id) const {
+  const auto i = static_cast<size_t>(id);
+  st.insert(st.end(), {has_hash_[i], static_cast<int64_t>(hash_[i])});
+  if (!has_hash_[i]) return;
+  const auto first = tokens_.begin() + static_cast<std::ptrdiff_t>(i * static_cast<size_t>(block_size_));
+  st.insert(st.end(), first, first + static_cast<std::ptrdiff_t>(block_size_));
+}
+
+void BlockContents::load_block(int64_t id, const std::function<int64_t()>& next) {
+  const auto i = static_cast<size_t>(id);
+  has_hash_[i] = static_cast<uint8_t>(next() != 0);
+  hash_[i] = static_cast<uint64_t>(next());
+  if (!has_hash_[i]) return;
+  for (int64_t t = 0; t < block_size_; ++t)
+    tokens_[i * static_cast<size_t>(block_size_) + static_cast<size_t>(t)] = static_cast<int32_t>(next());
+}
+
+void BlockContents::append_map(std::vector<int64_t>& st) const {
+  std::vector<std::pair<uint64_t, int32_t>> entries(by_hash_.begin(), by_hash_.end());
+  std::sort(entries.begin(), entries.end());  // a canonical order: equal states serialise equally
+  st.push_back(static_cast<int64_t>(entries.size()));
+  for (const auto& [h, id] : entries) st.insert(st.end(), {static_cast<int64_t>(h), id});
+}
+
+void BlockContents::load_map(const std::function<int64_t()>& next, const char* what) {
+  by_hash_.clear();
+  const int64_t n = next();
+  require(n >= 0 && n <= num_blocks_, "KvManager state: bad ", what, " hash-map size ", n);
+  for (int64_t j = 0; j < n; ++j) {
+    const auto h = static_cast<uint64_t>(next());
+    const int64_t id = next();
+    require(id >= 0 && id < num_blocks_, "KvManager state: bad ", what, " hash-map block ", id);
+    by_hash_[h] = static_cast<int32_t>(id);
+  }
+}
+
+}  // namespace ukv
