@@ -21,6 +21,8 @@ from typing import Optional
 
 import torch
 
+from ._eager import EagerOp
+
 __all__ = [
     "csa_translate_pack",
     "paged_decode_indices",
@@ -31,7 +33,12 @@ __all__ = [
     "bind_compress_view",
 ]
 
-_ops = torch.ops.ukv
+_csa_translate_pack = EagerOp("csa_translate_pack")
+_paged_decode_indices = EagerOp("paged_decode_indices")
+_hca_decode_indices = EagerOp("hca_decode_indices")
+_paged_prefill_indices = EagerOp("paged_prefill_indices")
+_decode_index_metadata = EagerOp("decode_index_metadata")
+_prefill_index_metadata = EagerOp("prefill_index_metadata")
 
 
 def csa_translate_pack(
@@ -61,9 +68,9 @@ def csa_translate_pack(
     Pass the physical CSA table in the unified layout, the logical one in the
     static split.
     """
-    _ops.csa_translate_pack.default(
+    _csa_translate_pack(
         topk_local, block_table, positions, batch_id, kv_indptr, skip_per_token, kv_indices,
-        compress_base=compress_base, window=window, compress_ratio=compress_ratio, block_size=block_size,
+        compress_base, window, compress_ratio, block_size,
     )
 
 
@@ -91,9 +98,9 @@ def paged_decode_indices(
     :func:`hca_decode_indices`. Omit the CSA/HCA pairs for SWA-only (MTP draft)
     layers.
     """
-    _ops.paged_decode_indices.default(
+    _paged_decode_indices(
         swa_block_table, positions, batch_id, swa_indptr, swa_indices, csa_indptr, csa_indices,
-        hca_indptr, hca_indices, window=window, block_size=block_size,
+        hca_indptr, hca_indices, window, block_size,
     )
 
 
@@ -116,9 +123,9 @@ def hca_decode_indices(
     to ``hca_indices[hca_indptr[t] + e]``. The count is capped by the slice
     length and the table width. Upstream builds this on the host every step.
     """
-    _ops.hca_decode_indices.default(
+    _hca_decode_indices(
         hca_block_table, batch_id, n_committed_hca, hca_indptr, hca_indices,
-        compress_base=compress_base, compress_ratio=compress_ratio, block_size=block_size,
+        compress_base, compress_ratio, block_size,
     )
 
 
@@ -160,11 +167,10 @@ def paged_prefill_indices(
       ``min((pos + 1) // compress_ratio, n_committed_hca[b])`` HCA entries, the
       per-token causal cap (upstream's H-e fix).
     """
-    _ops.paged_prefill_indices.default(
+    _paged_prefill_indices(
         positions, batch_id, chunk_start, query_start, n_committed_hca, swa_block_table, hca_block_table,
         extend_indptr, swa_indptr, csa_indptr, hca_indptr, extend_indices, swa_indices, csa_indices,
-        hca_indices, compress_base=compress_base, window=window, compress_ratio=compress_ratio,
-        block_size=block_size,
+        hca_indices, compress_base, window, compress_ratio, block_size,
     )
 
 
@@ -189,9 +195,9 @@ def decode_index_metadata(
     tail repeats the last value. Inside a captured graph this replaces the
     host-side cumsums.
     """
-    _ops.decode_index_metadata.default(
+    _decode_index_metadata(
         positions, batch_id, n_committed_csa, n_committed_hca, swa_indptr, csa_indptr, hca_indptr,
-        window=window, index_topk=index_topk, csa_ratio=csa_ratio,
+        window, index_topk, csa_ratio,
     )
 
 
@@ -221,10 +227,10 @@ def prefill_index_metadata(
     :func:`paged_prefill_indices`). ``prefix_swa_count`` is the
     ``skip_per_token`` of :func:`csa_translate_pack` in prefill.
     """
-    _ops.prefill_index_metadata.default(
+    _prefill_index_metadata(
         positions, batch_id, chunk_start, n_committed_csa, n_committed_hca, extend_indptr, swa_indptr,
-        csa_indptr, hca_indptr, prefix_swa_count, window=window, index_topk=index_topk,
-        csa_ratio=csa_ratio, hca_ratio=hca_ratio,
+        csa_indptr, hca_indptr, prefix_swa_count, window, index_topk,
+        csa_ratio, hca_ratio,
     )
 
 
@@ -238,6 +244,6 @@ def bind_compress_view(
     layout (``compress_base=0``), the rows after the SWA region in the static
     split. The result aliases ``unified_kv``; use it for the rope plane too.
     """
-    return _ops.bind_compress_view.default(
+    return torch.ops.ukv.bind_compress_view.default(
         unified_kv, compress_base=compress_base, compress_ratio=compress_ratio, block_size=block_size
     )
