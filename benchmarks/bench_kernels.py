@@ -7,8 +7,12 @@ measured in this one run. Prints a markdown table; --out also writes JSON.
     python benchmarks/bench_kernels.py --device cpu --quick   # smoke run, no GPU
 
 Timing: eager = average of `iters` back-to-back calls between two CUDA events
-(per-call host cost included when it exceeds the kernel); graph = one call
-captured in a CUDA graph, replayed `iters` times between two events.
+(per-call host cost included when it exceeds the kernel); graph = CALLS_PER_GRAPH
+calls captured in one CUDA graph, replayed between two events, per call (the
+cost of the op as one node of a captured forward, the way Triton's
+do_bench_cudagraph measures); graph x1 = a graph holding one call, per replay,
+which adds the graph launch. The header also gives the same run's floors: an
+eager ATen zero_ of 4 cells (dispatch + launch) and a one-node graph replay.
 Bytes moved count 4 bytes per int32 read and written per output cell (a
 translated top-k cell: top-k read + table read + write = 12 B), so at large
 batches "% copy" compares the kernel with a plain device-to-device copy of the
@@ -364,8 +368,11 @@ def time_eager(fn, iters, device) -> float:
     return begin.elapsed_time(end) / iters * 1e3
 
 
-def time_graph(fn, iters) -> float:
-    """Microseconds per replay of a graph holding one call."""
+CALLS_PER_GRAPH = 20
+
+
+def time_graph(fn, iters, calls_per_graph=CALLS_PER_GRAPH) -> float:
+    """Microseconds per call of `calls_per_graph` calls captured in one graph."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -374,17 +381,29 @@ def time_graph(fn, iters) -> float:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(calls_per_graph):
+            fn()
     for _ in range(10):
         graph.replay()
     torch.cuda.synchronize()
+    replays = max(1, iters // calls_per_graph)
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
-    for _ in range(iters):
+    for _ in range(replays):
         graph.replay()
     end.record()
     end.synchronize()
-    return begin.elapsed_time(end) / iters * 1e3
+    return begin.elapsed_time(end) / (replays * calls_per_graph) * 1e3
+
+
+def floors(device, iters) -> Dict[str, Optional[float]]:
+    """What any op costs on this host and GPU: an eager ATen zero_ of 4 cells, and
+    a graph of one such node per replay."""
+    if device.type != "cuda":
+        return {"aten_eager_us": None, "one_node_graph_us": None}
+    cells = torch.zeros(4, dtype=torch.int32, device=device)
+    return {"aten_eager_us": time_eager(cells.zero_, iters, device),
+            "one_node_graph_us": time_graph(cells.zero_, iters, calls_per_graph=1)}
 
 
 def copy_bandwidth(device, iters) -> Optional[float]:
@@ -426,6 +445,7 @@ def main(argv=None):
         return 1
     iters = 20 if args.quick else args.iters
     copy_gbs = copy_bandwidth(device, iters)
+    floor = floors(device, iters)
     rows = []
     for case in build_cases(device, args.quick):
         check(case)
@@ -434,7 +454,8 @@ def main(argv=None):
         r["composite_eager_us"] = time_eager(case.run_composite, max(5, iters // 20), device)
         if device.type == "cuda":
             r["graph_us"] = time_graph(case.run_op, iters)
-            r["composite_graph_us"] = time_graph(case.run_composite, max(5, iters // 20))
+            r["graph_x1_us"] = time_graph(case.run_op, iters, calls_per_graph=1)
+            r["composite_graph_us"] = time_graph(case.run_composite, max(5, iters // 20), calls_per_graph=1)
         best = r.get("graph_us", r["eager_us"])
         r["mb_moved"] = case.bytes_moved / 1e6
         r["gb_per_s"] = case.bytes_moved / (best * 1e-6) / 1e9
@@ -445,20 +466,22 @@ def main(argv=None):
 
     print(f"\nDevice: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; torch "
           f"{torch.__version__}; device-to-device copy {fmt(copy_gbs, 0)} GB/s; index_topk {TOPK}, window {WINDOW}, "
-          f"unified base 0" + ("; --quick: token counts and contexts divided by 16, labels are nominal" if args.quick
+          f"unified base 0; floors: eager ATen zero_ {fmt(floor['aten_eager_us'])} us, one-node graph replay "
+          f"{fmt(floor['one_node_graph_us'])} us" + ("; --quick: token counts and contexts divided by 16, labels are nominal" if args.quick
                                else "") + "\n")
-    print("| op | case | graph us | eager us | ref graph / eager us | MB moved | GB/s | % copy | "
-          "torch composite graph / eager us |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| op | case | graph us ({CALLS_PER_GRAPH}/graph) | graph x1 us | eager us | ref graph / eager us | MB moved "
+          "| GB/s | % copy | torch composite graph x1 / eager us |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         ref = "-" if row["reference_graph_us"] is None else f"{row['reference_graph_us']} / {row['reference_eager_us']}"
         pct = None if copy_gbs is None else 100 * row["gb_per_s"] / copy_gbs
-        print(f"| {row['op']} | {row['case']} | {fmt(row.get('graph_us'))} | {fmt(row['eager_us'])} | {ref} | "
+        print(f"| {row['op']} | {row['case']} | {fmt(row.get('graph_us'))} | {fmt(row.get('graph_x1_us'))} | "
+              f"{fmt(row['eager_us'])} | {ref} | "
               f"{fmt(row['mb_moved'], 3)} | {fmt(row['gb_per_s'], 0)} | {fmt(pct, 0)} | "
               f"{fmt(row.get('composite_graph_us'), 1)} / {fmt(row['composite_eager_us'], 1)} |")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": str(device), "torch": torch.__version__, "copy_gb_per_s": copy_gbs,
+            json.dump({"device": str(device), "torch": torch.__version__, "copy_gb_per_s": copy_gbs, **floor,
                        "rows": rows}, f, indent=1)
     return 0
 

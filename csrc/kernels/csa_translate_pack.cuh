@@ -4,10 +4,15 @@
 // indptr[t+1] - indptr[t] - skip, and is the only barrier against the garbage
 // the top-k kernel leaves past it (H-f).
 //
-// One block per (token, tile of kTile top-k lanes). The tile's top-k cells are
-// staged in shared memory with coalesced loads, then written with aligned
-// vector stores (store_run): loads follow the top-k row, stores follow the
-// output's 16-byte grid, and the two need not line up.
+// One block per (token, tile of kTile top-k lanes). Every load a token needs
+// (its batch id, position or skip, slice bounds and the tile's top-k cells,
+// with 16-byte loads when the row allows) is issued before any of them is
+// used, so a block waits for one memory round trip before the table lookups,
+// not three. The cells below valid_k are staged in shared memory and written
+// with aligned vector stores (store_run): loads follow the top-k row, stores
+// the output's 16-byte grid, and the two need not line up. Lanes past valid_k
+// are read but never used; reading them costs bandwidth only when a row is
+// mostly invalid (short contexts), which is when the op is cheap anyway.
 #pragma once
 
 #include <cstdint>
@@ -18,43 +23,68 @@
 
 namespace ukv::kernels {
 
-// kLoadBeforeCount: small batches are latency-bound, so the top-k tile is read
-// while the slice bounds are still in flight (one dependent memory round trip
-// less); large batches read only the lanes below valid_k, saving bandwidth.
-template <int kThreads, int kCellsPerThread, bool kLoadBeforeCount>
+// Lane of the tile held in slot (v, q) of a thread: whole 4-lane groups, the
+// threads of a block side by side, so that the vector loads are coalesced.
+template <int kThreads>
+UKV_DEVICE int32_t tile_lane(int v, int q) {
+  return (v * kThreads + static_cast<int32_t>(threadIdx.x)) * 4 + q;
+}
+
+// The tile's top-k cells of this thread (kVectors groups of 4 lanes); lanes at
+// or past tile_lanes are left 0.
+template <int kThreads, int kVectors>
+UKV_DEVICE void load_topk_tile(const int32_t* row, int64_t col_stride, int32_t tile_lanes,
+                               int32_t (&cells)[kVectors][4]) {
+  const bool vector_loads = col_stride == 1 && (reinterpret_cast<uintptr_t>(row) & 15) == 0;
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+    const int32_t lane = tile_lane<kThreads>(v, 0);
+    if (vector_loads && lane + 4 <= tile_lanes) {
+      const int4 g = *reinterpret_cast<const int4*>(row + lane);
+      cells[v][0] = g.x;
+      cells[v][1] = g.y;
+      cells[v][2] = g.z;
+      cells[v][3] = g.w;
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) cells[v][q] = lane + q < tile_lanes ? row[(lane + q) * col_stride] : 0;
+    }
+  }
+}
+
+template <int kThreads, int kVectors>
 __global__ void csa_translate_pack_kernel(CsaTranslatePackParams p) {
-  constexpr int32_t kTile = kThreads * kCellsPerThread;
+  constexpr int32_t kTile = kThreads * kVectors * 4;
   __shared__ int32_t staged[kTile];
   const int32_t t = blockIdx.x;
   const int32_t tile_start = blockIdx.y * kTile;
   const int32_t tile_lanes = min_i32(kTile, p.topk_width - tile_start);
-  const int32_t* row = p.topk + t * p.topk_row_stride + tile_start * p.topk_col_stride;
-
-  int32_t loaded[kCellsPerThread] = {};
-  if (kLoadBeforeCount) {
-#pragma unroll
-    for (int j = 0; j < kCellsPerThread; ++j) {
-      const int32_t i = threadIdx.x + j * kThreads;
-      if (i < tile_lanes) loaded[j] = row[i * p.topk_col_stride];
-    }
-  }
 
   const int32_t bid = p.batch_id[t];
-  if (!is_real_token(bid, p.table.rows)) return;
-  const int32_t skip = p.skip ? p.skip[t] : swa_window_count(load_position(p.positions, t), p.window);
+  const int32_t skip_or_pos = p.skip ? p.skip[t] : load_position(p.positions, t);
+  const SliceBounds bounds = slice_bounds(p.out, t);
   const int64_t begin = p.out.indptr[t];
-  const int64_t valid_k = min_i64(max_i64(p.out.indptr[t + 1] - begin - skip, 0), p.topk_width);
+  const int64_t end = p.out.indptr[t + 1];
+  int32_t cells[kVectors][4];
+  load_topk_tile<kThreads, kVectors>(p.topk + t * p.topk_row_stride + tile_start * p.topk_col_stride,
+                                     p.topk_col_stride, tile_lanes, cells);
+
+  if (!is_real_token(bid, p.table.rows)) return;
+  const int32_t skip = p.skip ? skip_or_pos : swa_window_count(skip_or_pos, p.window);
+  const int64_t valid_k = min_i64(max_i64(end - begin - skip, 0), p.topk_width);
   const int32_t count = static_cast<int32_t>(min_i64(valid_k - tile_start, tile_lanes));
   if (count <= 0) return;
 
 #pragma unroll
-  for (int j = 0; j < kCellsPerThread; ++j) {
-    const int32_t i = threadIdx.x + j * kThreads;
-    if (i < count) staged[i] = kLoadBeforeCount ? loaded[j] : row[i * p.topk_col_stride];
+  for (int v = 0; v < kVectors; ++v) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int32_t lane = tile_lane<kThreads>(v, q);
+      if (lane < count) staged[lane] = cells[v][q];
+    }
   }
   __syncthreads();
 
-  const SliceBounds bounds = slice_bounds(p.out, t);
   const auto row_of_lane = [&](int32_t i) {
     return compress_row(p.table, bid, staged[i], p.rows_per_block, p.compress_base);
   };

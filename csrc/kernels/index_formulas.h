@@ -28,6 +28,13 @@ UKV_HOST_DEVICE int32_t load_position(const Positions& positions, int32_t t) {
   return static_cast<int32_t>(min_i64(max_i64(p, -1), INT32_MAX - 1));
 }
 
+// x / d and x % d for x >= 0 (a negative x gets the floor quotient and a
+// remainder in [0, d), which the callers' clamps keep in bounds either way).
+UKV_HOST_DEVICE int32_t quotient(int32_t x, const Divisor& d) { return d.shift >= 0 ? x >> d.shift : x / d.value; }
+UKV_HOST_DEVICE int32_t remainder(int32_t x, const Divisor& d) {
+  return d.shift >= 0 ? x & (d.value - 1) : x % d.value;
+}
+
 UKV_HOST_DEVICE int32_t table_at(const Table& table, int32_t row, int32_t col) {
   return table.data[row * table.row_stride + col * table.col_stride];
 }
@@ -51,9 +58,10 @@ UKV_HOST_DEVICE int32_t hca_causal_count(int32_t pos, int32_t n_committed, int32
 
 // unified_kv row of SWA position a of a sequence: its block's id * block_size
 // plus the offset inside the block.
-UKV_HOST_DEVICE int32_t swa_row(const Table& swa_table, int32_t seq, int32_t a, int32_t block_size) {
-  const int32_t col = min_i32(max_i32(a / block_size, 0), swa_table.cols - 1);
-  const int64_t row = static_cast<int64_t>(table_at(swa_table, seq, col)) * block_size + a % block_size;
+UKV_HOST_DEVICE int32_t swa_row(const Table& swa_table, int32_t seq, int32_t a, const Divisor& block_size) {
+  const int32_t col = min_i32(max_i32(quotient(a, block_size), 0), swa_table.cols - 1);
+  const int64_t row =
+      static_cast<int64_t>(table_at(swa_table, seq, col)) * block_size.value + remainder(a, block_size);
   return static_cast<int32_t>(row);
 }
 
@@ -61,13 +69,13 @@ UKV_HOST_DEVICE int32_t swa_row(const Table& swa_table, int32_t seq, int32_t a, 
 // base + id(e / k) * k + e % k. Entries outside the table are clamped onto it,
 // which keeps the read in bounds for lanes past valid_k whose top-k cells hold
 // garbage (H-f); those lanes are never stored.
-UKV_HOST_DEVICE int32_t compress_row(const Table& table, int32_t seq, int32_t entry, int32_t rows_per_block,
+UKV_HOST_DEVICE int32_t compress_row(const Table& table, int32_t seq, int32_t entry, const Divisor& rows_per_block,
                                      int32_t compress_base) {
-  const int32_t last = table.cols * rows_per_block - 1;
+  const int32_t last = table.cols * rows_per_block.value - 1;
   const int32_t e = min_i32(max_i32(entry, 0), last);
   const int64_t row = static_cast<int64_t>(compress_base) +
-                      static_cast<int64_t>(table_at(table, seq, e / rows_per_block)) * rows_per_block +
-                      e % rows_per_block;
+                      static_cast<int64_t>(table_at(table, seq, quotient(e, rows_per_block))) * rows_per_block.value +
+                      remainder(e, rows_per_block);
   return static_cast<int32_t>(row);
 }
 
@@ -91,7 +99,7 @@ UKV_HOST_DEVICE void store_in_slice(const SlicedOutput& out, const SliceBounds& 
 // table row.
 UKV_HOST_DEVICE int32_t hca_decode_count(const HcaDecodeParams& p, int32_t t, int32_t bid) {
   const int64_t slice = static_cast<int64_t>(p.out.indptr[t + 1]) - p.out.indptr[t];
-  const int64_t capacity = static_cast<int64_t>(p.table.cols) * p.rows_per_block;
+  const int64_t capacity = static_cast<int64_t>(p.table.cols) * p.rows_per_block.value;
   return static_cast<int32_t>(max_i64(min_i64(min_i64(p.n_committed[bid], slice), capacity), 0));
 }
 
@@ -120,7 +128,7 @@ UKV_HOST_DEVICE PrefillWindow prefill_window(int32_t pos, int32_t chunk_start, i
 // the table width so the read stays in the row.
 UKV_HOST_DEVICE int32_t prefill_hca_count(const PagedPrefillParams& p, int32_t pos, int32_t bid) {
   const int32_t causal = hca_causal_count(pos, p.n_committed_hca[bid], p.hca_ratio);
-  return static_cast<int32_t>(min_i64(causal, static_cast<int64_t>(p.hca_table.cols) * p.hca_rows_per_block));
+  return static_cast<int32_t>(min_i64(causal, static_cast<int64_t>(p.hca_table.cols) * p.hca_rows_per_block.value));
 }
 
 // Slice lengths of one decode token (SPEC §2.4): SWA, CSA = [top-k | SWA] and

@@ -15,9 +15,9 @@
 namespace ukv::kernels {
 namespace {
 
-// Up to this many tokens a call is latency-bound: csa_translate_pack uses
-// small tiles (several blocks per token) and reads the top-k cells before
-// their count is known.
+// Up to this many tokens a call is latency-bound: csa_translate_pack then uses
+// small tiles (several blocks per token) so that a token's lanes are spread
+// over more multiprocessors.
 constexpr int32_t kSmallBatchTokens = 512;
 // Blocks wanted in flight for a small batch, about two per multiprocessor on
 // current data-centre GPUs; only used to split long per-token runs.
@@ -25,10 +25,10 @@ constexpr int32_t kTargetBlocks = 256;
 
 int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
 
-template <int kThreads, int kCellsPerThread, bool kLoadBeforeCount>
+template <int kThreads, int kVectors>
 gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream) {
-  const dim3 grid(p.num_tokens, ceil_div(p.topk_width, kThreads * kCellsPerThread));
-  csa_translate_pack_kernel<kThreads, kCellsPerThread, kLoadBeforeCount><<<grid, kThreads, 0, stream>>>(p);
+  const dim3 grid(p.num_tokens, ceil_div(p.topk_width, kThreads * kVectors * 4));
+  csa_translate_pack_kernel<kThreads, kVectors><<<grid, kThreads, 0, stream>>>(p);
   return gpu::last_launch_error();
 }
 
@@ -36,8 +36,10 @@ gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream)
 
 gpu::Error launch_csa_translate_pack(const CsaTranslatePackParams& p, gpu::Stream stream) {
   if (p.num_tokens == 0 || p.topk_width == 0) return gpu::kSuccess;
-  if (p.num_tokens <= kSmallBatchTokens) return launch_csa_tiles<128, 2, true>(p, stream);
-  return launch_csa_tiles<256, 4, false>(p, stream);
+  if (p.num_tokens <= kSmallBatchTokens) return launch_csa_tiles<64, 1>(p, stream);
+  // Large batches are bandwidth-bound: 8 cells (two 16-byte loads) per thread
+  // keep more bytes in flight per multiprocessor.
+  return launch_csa_tiles<128, 2>(p, stream);
 }
 
 gpu::Error launch_paged_decode_indices(const PagedDecodeParams& p, gpu::Stream stream) {
@@ -50,18 +52,22 @@ gpu::Error launch_paged_decode_indices(const PagedDecodeParams& p, gpu::Stream s
 gpu::Error launch_hca_decode_indices(const HcaDecodeParams& p, gpu::Stream stream) {
   if (p.num_tokens == 0) return gpu::kSuccess;
   constexpr int kThreads = 256;
-  // A part of at least one full pass of vector stores per block.
-  const int64_t max_entries = static_cast<int64_t>(p.table.cols) * p.rows_per_block;
-  const int32_t useful_parts = ceil_div(max_entries, 4 * kThreads);
-  const int32_t parts = std::max(1, std::min(useful_parts, kTargetBlocks / p.num_tokens));
-  hca_decode_indices_kernel<kThreads><<<dim3(p.num_tokens, parts), kThreads, 0, stream>>>(p);
+  constexpr int kGroup = 64;
+  // A part of at least one full pass of the group's vector stores.
+  const int64_t max_entries = static_cast<int64_t>(p.table.cols) * p.rows_per_block.value;
+  const int32_t useful_parts = ceil_div(max_entries, 4 * kGroup);
+  const int32_t wanted_parts = kTargetBlocks * (kThreads / kGroup) / p.num_tokens;
+  const int32_t parts = std::max(1, std::min(useful_parts, wanted_parts));
+  const int32_t blocks = ceil_div(static_cast<int64_t>(p.num_tokens) * parts, kThreads / kGroup);
+  hca_decode_indices_kernel<kThreads, kGroup><<<blocks, kThreads, 0, stream>>>(p, parts);
   return gpu::last_launch_error();
 }
 
 gpu::Error launch_paged_prefill_indices(const PagedPrefillParams& p, gpu::Stream stream) {
   if (p.num_tokens == 0) return gpu::kSuccess;
   constexpr int kThreads = 256;
-  paged_prefill_indices_kernel<kThreads><<<p.num_tokens, kThreads, 0, stream>>>(p);
+  constexpr int kGroup = 64;
+  paged_prefill_indices_kernel<kThreads, kGroup><<<ceil_div(p.num_tokens, kThreads / kGroup), kThreads, 0, stream>>>(p);
   return gpu::last_launch_error();
 }
 

@@ -18,6 +18,24 @@
 namespace ukv::kernels {
 
 // A [rows, cols] int32 matrix read as data[r * row_stride + c * col_stride].
+// A positive divisor of per-cell index arithmetic (block_size, k). Integer
+// division is a long instruction sequence on GPUs and the index kernels divide
+// once per output cell, so a power of two (128, 32 and 1 in V4) divides by
+// shift and mask instead; any other value still divides exactly.
+struct Divisor {
+  int32_t value;
+  int32_t shift;  // log2(value) when value is a power of two, else -1
+};
+
+inline Divisor make_divisor(int32_t value) {
+  int32_t shift = -1;
+  if (value > 0 && (value & (value - 1)) == 0) {
+    shift = 0;
+    while ((1 << shift) != value) ++shift;
+  }
+  return {value, shift};
+}
+
 struct Table {
   const int32_t* data;
   int32_t rows;
@@ -51,7 +69,7 @@ struct CsaTranslatePackParams {
   SlicedOutput out;
   int32_t num_tokens;
   int32_t window;
-  int32_t rows_per_block;  // k = block_size / compress_ratio
+  Divisor rows_per_block;  // k = block_size / compress_ratio
   int32_t compress_base;
 };
 
@@ -64,7 +82,7 @@ struct PagedDecodeParams {
   SlicedOutput hca;  // data == nullptr when not requested
   int32_t num_tokens;
   int32_t window;
-  int32_t block_size;
+  Divisor block_size;
 };
 
 struct HcaDecodeParams {
@@ -73,7 +91,7 @@ struct HcaDecodeParams {
   const int32_t* n_committed;  // [B] committed HCA entries per sequence
   SlicedOutput out;
   int32_t num_tokens;
-  int32_t rows_per_block;
+  Divisor rows_per_block;
   int32_t compress_base;
 };
 
@@ -91,9 +109,9 @@ struct PagedPrefillParams {
   SlicedOutput hca;
   int32_t num_tokens;
   int32_t window;
-  int32_t block_size;
+  Divisor block_size;
   int32_t hca_ratio;
-  int32_t hca_rows_per_block;
+  Divisor hca_rows_per_block;
   int32_t compress_base;
 };
 

@@ -16,29 +16,30 @@
 
 namespace ukv::kernels {
 
+// Every per-token load is issued before any is used (a padding token is not
+// an early return but a window of 0), so the only wait before the table
+// lookups is one memory round trip.
 template <int kThreads>
 __global__ void paged_decode_indices_kernel(PagedDecodeParams p) {
   const int32_t t = blockIdx.x;
   const int32_t bid = p.batch_id[t];
-  if (!is_real_token(bid, p.swa_table.rows)) return;
   const int32_t pos = load_position(p.positions, t);
-  const int32_t n = swa_window_count(pos, p.window);
-  const int32_t first = pos - n + 1;
-
-  const SliceBounds swa_bounds = slice_bounds(p.swa, t);
-  const int64_t swa_tail = p.swa.indptr[t + 1] - n;
   const bool with_csa = p.csa.data != nullptr;
   const bool with_hca = p.hca.data != nullptr;
+  const SliceBounds swa_bounds = slice_bounds(p.swa, t);
   const SliceBounds csa_bounds = with_csa ? slice_bounds(p.csa, t) : SliceBounds{0, 0};
   const SliceBounds hca_bounds = with_hca ? slice_bounds(p.hca, t) : SliceBounds{0, 0};
-  const int64_t csa_tail = with_csa ? p.csa.indptr[t + 1] - n : 0;
-  const int64_t hca_tail = with_hca ? p.hca.indptr[t + 1] - n : 0;
+  const int64_t swa_end = p.swa.indptr[t + 1];
+  const int64_t csa_end = with_csa ? p.csa.indptr[t + 1] : 0;
+  const int64_t hca_end = with_hca ? p.hca.indptr[t + 1] : 0;
 
+  const int32_t n = is_real_token(bid, p.swa_table.rows) ? swa_window_count(pos, p.window) : 0;
+  const int32_t first = pos - n + 1;
   for (int32_t i = threadIdx.x; i < n; i += kThreads) {
     const int32_t row = swa_row(p.swa_table, bid, first + i, p.block_size);
-    store_in_slice(p.swa, swa_bounds, swa_tail + i, row);
-    if (with_csa) store_in_slice(p.csa, csa_bounds, csa_tail + i, row);
-    if (with_hca) store_in_slice(p.hca, hca_bounds, hca_tail + i, row);
+    store_in_slice(p.swa, swa_bounds, swa_end - n + i, row);
+    if (with_csa) store_in_slice(p.csa, csa_bounds, csa_end - n + i, row);
+    if (with_hca) store_in_slice(p.hca, hca_bounds, hca_end - n + i, row);
   }
 }
 

@@ -8,8 +8,10 @@
 //   the first min((pos + 1) / hca_ratio, n_committed) HCA entries (H-e). This
 //   is the opposite order of the HCA decode slice (H12).
 //
-// One block per token. The HCA run, up to a whole context / hca_ratio per
-// token, is the bulk of the bytes and goes through vector stores.
+// One group of kGroup threads per token, several tokens per block (a token's
+// cells are too few to keep a whole block busy). The HCA run, up to a whole
+// context / hca_ratio per token, is the bulk of the bytes and goes through
+// vector stores.
 #pragma once
 
 #include <cstdint>
@@ -17,31 +19,36 @@
 #include "kernels/compat.h"
 #include "kernels/index_formulas.h"
 #include "kernels/store_run.cuh"
+#include "kernels/thread_groups.cuh"
 
 namespace ukv::kernels {
 
-template <int kThreads>
+template <int kThreads, int kGroup>
 __global__ void paged_prefill_indices_kernel(PagedPrefillParams p) {
-  const int32_t t = blockIdx.x;
+  const ThreadGroup g = thread_group<kThreads, kGroup>();
+  const int32_t t = g.item;
+  if (t >= p.num_tokens) return;
+  // The token's own loads first, all at once; the sequence's follow its batch id.
   const int32_t bid = p.batch_id[t];
-  if (!is_real_token(bid, p.swa_table.rows)) return;
   const int32_t pos = load_position(p.positions, t);
-  const PrefillWindow w = prefill_window(pos, p.chunk_start[bid], p.window);
-  const int32_t n_hca = prefill_hca_count(p, pos, bid);
-
   const SliceBounds extend_bounds = slice_bounds(p.extend, t);
-  const int64_t extend_begin = p.extend.indptr[t];
-  const int32_t first_extend_row = p.query_start[bid] + w.pos_in_chunk - w.extend_count + 1;
-  for (int32_t i = threadIdx.x; i < w.extend_count; i += kThreads)
-    store_in_slice(p.extend, extend_bounds, extend_begin + i, first_extend_row + i);
-
   const SliceBounds swa_bounds = slice_bounds(p.swa, t);
   const SliceBounds csa_bounds = slice_bounds(p.csa, t);
   const SliceBounds hca_bounds = slice_bounds(p.hca, t);
+  const int64_t extend_begin = p.extend.indptr[t];
   const int64_t swa_begin = p.swa.indptr[t];
-  const int64_t csa_tail = p.csa.indptr[t + 1] - w.prefix_swa_count;
+  const int64_t csa_end = p.csa.indptr[t + 1];
   const int64_t hca_begin = p.hca.indptr[t];
-  for (int32_t i = threadIdx.x; i < w.prefix_swa_count; i += kThreads) {
+  if (!is_real_token(bid, p.swa_table.rows)) return;
+  const PrefillWindow w = prefill_window(pos, p.chunk_start[bid], p.window);
+  const int32_t n_hca = prefill_hca_count(p, pos, bid);
+  const int32_t first_extend_row = p.query_start[bid] + w.pos_in_chunk - w.extend_count + 1;
+
+  for (int32_t i = g.lane; i < w.extend_count; i += kGroup)
+    store_in_slice(p.extend, extend_bounds, extend_begin + i, first_extend_row + i);
+
+  const int64_t csa_tail = csa_end - w.prefix_swa_count;
+  for (int32_t i = g.lane; i < w.prefix_swa_count; i += kGroup) {
     const int32_t row = swa_row(p.swa_table, bid, w.swa_low + i, p.block_size);
     store_in_slice(p.swa, swa_bounds, swa_begin + i, row);
     store_in_slice(p.csa, csa_bounds, csa_tail + i, row);
@@ -51,7 +58,7 @@ __global__ void paged_prefill_indices_kernel(PagedPrefillParams p) {
   const auto row_of_entry = [&](int32_t e) {
     return compress_row(p.hca_table, bid, e, p.hca_rows_per_block, p.compress_base);
   };
-  store_run(p.hca, hca_bounds, hca_begin + w.prefix_swa_count, n_hca, row_of_entry, threadIdx.x, kThreads);
+  store_run(p.hca, hca_bounds, hca_begin + w.prefix_swa_count, n_hca, row_of_entry, g.lane, kGroup);
 }
 
 }  // namespace ukv::kernels

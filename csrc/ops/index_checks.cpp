@@ -154,9 +154,9 @@ kernels::CsaTranslatePackParams check_csa_translate_pack(
   p.topk_row_stride = topk_local.stride(0);
   p.topk_col_stride = topk_local.stride(1);
   p.topk_width = static_cast<int32_t>(topk_local.size(1));
-  p.rows_per_block = c.rows_per_block(compress_ratio, block_size);
+  p.rows_per_block = kernels::make_divisor(c.rows_per_block(compress_ratio, block_size));
   p.table = c.table(block_table, "block_table", -1);
-  c.table_entries_fit(p.table, "block_table", p.rows_per_block);
+  c.table_entries_fit(p.table, "block_table", p.rows_per_block.value);
   p.positions = c.positions(positions, p.num_tokens);
   p.out = c.sliced_output(kv_indptr, "kv_indptr", kv_indices, "kv_indices", p.num_tokens);
   p.compress_base = c.scalar(compress_base, "compress_base", 0);
@@ -195,7 +195,7 @@ kernels::PagedDecodeParams check_paged_decode_indices(
   if (hca_indices.has_value())
     p.hca = c.sliced_output(*hca_indptr, "hca_indptr", *hca_indices, "hca_indices", p.num_tokens);
   p.window = c.scalar(window, "window", 1);
-  p.block_size = c.scalar(block_size, "block_size", 1);
+  p.block_size = kernels::make_divisor(c.scalar(block_size, "block_size", 1));
   return p;
 }
 
@@ -207,9 +207,9 @@ kernels::HcaDecodeParams check_hca_decode_indices(
   kernels::HcaDecodeParams p{};
   p.num_tokens = c.num_tokens(batch_id);
   p.batch_id = batch_id.data_ptr<int32_t>();
-  p.rows_per_block = c.rows_per_block(compress_ratio, block_size);
+  p.rows_per_block = kernels::make_divisor(c.rows_per_block(compress_ratio, block_size));
   p.table = c.table(hca_block_table, "hca_block_table", -1);
-  c.table_entries_fit(p.table, "hca_block_table", p.rows_per_block);
+  c.table_entries_fit(p.table, "hca_block_table", p.rows_per_block.value);
   p.n_committed = c.vector(n_committed_hca, "n_committed_hca", p.table.rows);
   p.out = c.sliced_output(hca_indptr, "hca_indptr", hca_indices, "hca_indices", p.num_tokens);
   p.compress_base = c.scalar(compress_base, "compress_base", 0);
@@ -230,9 +230,9 @@ kernels::PagedPrefillParams check_paged_prefill_indices(
   p.positions = c.positions(positions, p.num_tokens);
   p.swa_table = c.table(swa_block_table, "swa_block_table", -1);
   const int64_t num_seqs = p.swa_table.rows;
-  p.hca_rows_per_block = c.rows_per_block(compress_ratio, block_size);
+  p.hca_rows_per_block = kernels::make_divisor(c.rows_per_block(compress_ratio, block_size));
   p.hca_table = c.table(hca_block_table, "hca_block_table", num_seqs);
-  c.table_entries_fit(p.hca_table, "hca_block_table", p.hca_rows_per_block);
+  c.table_entries_fit(p.hca_table, "hca_block_table", p.hca_rows_per_block.value);
   p.chunk_start = c.vector(chunk_start, "chunk_start", num_seqs);
   p.query_start = c.vector(query_start, "query_start", num_seqs);
   p.n_committed_hca = c.vector(n_committed_hca, "n_committed_hca", num_seqs);
@@ -242,7 +242,7 @@ kernels::PagedPrefillParams check_paged_prefill_indices(
   p.hca = c.sliced_output(hca_indptr, "hca_indptr", hca_indices, "hca_indices", p.num_tokens);
   p.compress_base = c.scalar(compress_base, "compress_base", 0);
   p.window = c.scalar(window, "window", 1);
-  p.block_size = static_cast<int32_t>(block_size);
+  p.block_size = kernels::make_divisor(static_cast<int32_t>(block_size));
   p.hca_ratio = static_cast<int32_t>(compress_ratio);
   return p;
 }

@@ -34,6 +34,8 @@ def parse_args(argv=None):
     p.add_argument("--index-topk", type=int, default=1024)
     p.add_argument("--plot", default="ukv_demo_occupancy.png", help="PNG path ('' for none)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--eager", action="store_true",
+                   help="on CUDA, build decode indices with eager calls instead of replaying a captured graph")
     p.add_argument("--corrupt-step", type=int, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -51,7 +53,7 @@ def run(args) -> int:
         plan = plan_kv_layout(budget, ratios, max_num_seqs=args.max_num_seqs, mode=layout)
         cfg = ServeConfig(ratios, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           index_topk=args.index_topk, max_steps=args.steps, device=args.device, seed=args.seed,
-                          corrupt_step=args.corrupt_step)
+                          corrupt_step=args.corrupt_step, cuda_graph=not args.eager)
         server = Server(LAYOUTS[layout], plan, workload_copy(workload), cfg)
         bar = report.Progress(layout, workload.total_turns())
         step = 0

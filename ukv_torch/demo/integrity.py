@@ -14,12 +14,13 @@ per-token formulas (SPEC.md §2.4-2.6):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from .. import ops
+from .captured_decode import CapturedDecode
 from .content_tags import CSA_SALT, HCA_SALT, SWA_SALT
 from .tagged_kv import TaggedKv
 
@@ -65,6 +66,12 @@ class IntegrityChecker:
         self.rng = np.random.default_rng(seed)
         self.mismatches: List[Mismatch] = []
         self.checked = 0
+        self.captured: Optional[CapturedDecode] = None
+
+    def capture_decode(self, tables: torch.Tensor) -> None:
+        """Build every later decode step's indices by replaying one CUDA graph
+        that reads the persistent `tables` (all max_num_seqs rows)."""
+        self.captured = CapturedDecode(tables, tables.shape[0], self.window, self.topk, self.decode_ops_into)
 
     # --- helpers -----------------------------------------------------------
     def _t(self, a: np.ndarray, dtype=torch.int32) -> torch.Tensor:
@@ -123,7 +130,10 @@ class IntegrityChecker:
         hca_ptr = np.concatenate([[0], np.cumsum(n_swa + n_hca)])
         self.valid_range = (p + 1) // 4
         picks = self._topk(valid)
-        out = self._decode_ops(p, bid, n_csa_seq, n_hca_seq, picks, tables, swa_ptr, csa_ptr, hca_ptr)
+        if self.captured is not None:
+            out = self.captured.run(self.decode_inputs(p, bid, n_csa_seq, n_hca_seq, picks))
+        else:
+            out = self._decode_ops(p, bid, n_csa_seq, n_hca_seq, picks, tables, swa_ptr, csa_ptr, hca_ptr)
         # The device-side indptrs must be exactly the formulas'.
         for name, want in (("swa_indptr", swa_ptr), ("csa_indptr", csa_ptr), ("hca_indptr", hca_ptr)):
             got = out[name][: len(want)].cpu().numpy()

@@ -12,7 +12,7 @@ COLUMNS = [
     ("fullest_tensor_at_first_refusal", "fullest tensor @1st refusal"), ("prefix_hit_rate", "hit rate"), ("borrows", "borrows"),
     ("swa_evictions", "SWA evict"), ("reclaimed_slots", "reclaimed"), ("preemptions", "preempt"),
     ("admission_refusals", "refusals"), ("mean_stranded_rows_at_refusal", "stranded rows"),
-    ("checked_indices", "indices checked"), ("mismatches", "mismatches"),
+    ("checked_indices", "indices checked"), ("decode_graph_replays", "graph replays"), ("mismatches", "mismatches"),
 ]
 
 

@@ -40,6 +40,7 @@ class ServeConfig:
     seed: int = 0
     corrupt_step: Optional[int] = None  # test hook: damage one staged table entry at this step
     check_integrity: bool = True        # False: capacity studies that only need the accounting
+    cuda_graph: bool = True             # on CUDA, decode indices come from one captured graph's replays
 
 
 @dataclass
@@ -70,6 +71,7 @@ class LayoutResult:
     series: Dict[str, List[float]] = field(default_factory=lambda: collections.defaultdict(list))
     stats: Dict[str, int] = field(default_factory=dict)
     checked_indices: int = 0
+    decode_graph_replays: int = 0  # decode steps whose indices came from the captured graph
     mismatches: list = field(default_factory=list)
 
     def summary(self) -> Dict[str, object]:
@@ -101,8 +103,17 @@ class LayoutResult:
             "mean_stranded_rows_at_refusal": round(float(np.mean(self.stranded_rows_at_refusals)), 1)
             if self.stranded_rows_at_refusals else 0.0,
             "checked_indices": self.checked_indices,
+            "decode_graph_replays": self.decode_graph_replays,
             "mismatches": len(self.mismatches),
         }
+
+
+def corrupt_entry(tables: torch.Tensor):
+    """Point row 0's last used SWA table entry elsewhere; returns its index."""
+    used = tables[0, 1].nonzero()
+    index = (0, 1, int(used[-1]) if len(used) else 0)
+    tables[index] += 1
+    return index
 
 
 class Server:
@@ -115,6 +126,8 @@ class Server:
                              device=None if self.device.type == "cpu" else self.device, **plan.manager_kwargs())
         self.kv = TaggedKv(cfg.ratios, plan, self.device, cfg.block_size)
         self.checker = IntegrityChecker(self.kv, cfg.window, cfg.index_topk, plan.compress_ks, self.device, cfg.seed)
+        if cfg.cuda_graph and cfg.check_integrity and self.device.type == "cuda":
+            self.checker.capture_decode(self.mgr.tables)
         self.result = LayoutResult(name, plan)
         self.waiting: collections.deque = collections.deque()
         self.running: List[Request] = []
@@ -229,9 +242,6 @@ class Server:
         self.mgr.stage([r.seq_id for r in batch])
         self.mgr.upload(len(batch))
         tables = self.mgr.tables[: len(batch)]
-        if self.cfg.corrupt_step == step:
-            tables = tables.clone()
-            tables[0, 1, tables[0, 1].nonzero()[-1] if tables[0, 1].any() else 0] += 1  # point one SWA entry elsewhere
         decode_tokens = [Token(i, r.tags.tags, r.computed, 1, f"request {r.rid} (decode)")
                          for i, r in enumerate(decoding)]
         prefill_tokens = [Token(len(decoding) + j, r.tags.tags, r.computed, n, f"request {r.rid} (prefill)")
@@ -239,8 +249,13 @@ class Server:
         if not self.cfg.check_integrity:
             return
         self._write_kv(decode_tokens, prefill_tokens, tables)
+        # The test hook damages the staged table in place (a captured graph reads
+        # it there) between the model's writes and the index check, for this step only.
+        corrupt = corrupt_entry(tables) if self.cfg.corrupt_step == step else None
         self.checker.decode(decode_tokens, tables, len(batch))
         self.checker.prefill(prefill_tokens, tables, len(batch))
+        if corrupt is not None:
+            tables[corrupt] -= 1
 
     def _write_kv(self, decode_tokens: List[Token], prefill_tokens: List[Token], tables: torch.Tensor) -> None:
         """Window-only SWA writes for prefill chunks, every position in decode,
@@ -309,6 +324,7 @@ class Server:
     def finish_run(self) -> LayoutResult:
         self.result.stats = self.mgr.stats()
         self.result.checked_indices = self.checker.checked
+        self.result.decode_graph_replays = self.checker.captured.replays if self.checker.captured else 0
         self.result.mismatches = self.checker.mismatches
         self.mgr.check_invariants()
         return self.result

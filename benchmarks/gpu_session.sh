@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Everything this project runs on the GPU machine, in one call (device time is
+# scarce): build from source, then the named stages, each logging to $OUT.
+#   bash benchmarks/gpu_session.sh tests bench demo sanitize tp
+# Stages: tests (pytest -m gpu), bench (bench_kernels.py), demo (the demo on
+# CUDA with the captured decode graph), sanitize (compute-sanitizer memcheck +
+# racecheck over the GPU index and manager tests), tp (the tensor-parallel
+# consistency run under torchrun on every visible GPU).
+set -uo pipefail
+OUT=${OUT:-build/gpu-session}
+mkdir -p "$OUT"
+# The image's /opt/gcc links libstdc++ statically into the extension, which
+# crashes on the first integer formatted into an error message: use the system g++.
+export CC=gcc CXX=g++ TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} PYTHONPATH=$PWD
+status=0
+stage() {  # stage NAME CMD...: run, log, remember a failure, go on
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "stage $name: rc=$rc, $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
+  tail -3 "$OUT/$name.log" | sed 's/^/    /' | tee -a "$OUT/summary.txt"
+  [ $rc -eq 0 ] || status=1
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/summary.txt"
+python3 -c "import torch; print('torch', torch.__version__)" >>"$OUT/summary.txt"
+git rev-parse --short HEAD >>"$OUT/summary.txt" 2>/dev/null
+stage build python3 -m pip install --no-build-isolation --no-deps -e . -q || exit 1
+SANITIZED="tests/test_index_steps.py tests/test_index_ops.py tests/test_index_robustness.py tests/test_kv_manager_gpu.py"
+for s in "$@"; do
+  case $s in
+    tests) stage tests python3 -m pytest -q -m gpu tests ;;
+    bench) stage bench python3 benchmarks/bench_kernels.py --iters 2000 --out "$OUT/bench.json" ;;
+    demo) stage demo python3 -m ukv_torch.demo --device cuda --json --plot "$OUT/demo_cuda.png" ;;
+    sanitize)
+      stage memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu $SANITIZED
+      stage racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m pytest -q -m gpu \
+        tests/test_index_robustness.py tests/test_kv_manager_gpu.py ;;
+    tp) stage tp python3 -m torch.distributed.run --standalone --nproc_per_node="$(nvidia-smi -L | wc -l)" \
+          tests/distributed/tp_consistency.py ;;
+    *) echo "unknown stage $s" | tee -a "$OUT/summary.txt"; status=1 ;;
+  esac
+done
+exit $status
