@@ -9,7 +9,8 @@ HCA k=1) with the same workloads everywhere:
     oldest block, CSA borrows the slot (evicting it), the oldest borrowed block
     is freed once 64 are out, SWA allocates again (ns per operation);
   * batches: alloc_compress_n(n) then free_compress_many of the same ids on
-    the half-full pool (ns per block operation).
+    the half-full pool (ns per block operation), through the torchbind
+    methods and through ukv_torch.BatchCalls (the batch API).
 
 Each figure is the best of several repetitions (the host is shared). The core
 figures come from build/core/bench_core (Google Benchmark, `make cpp-test`
@@ -147,8 +148,10 @@ def swa_churn_with_borrowing(front_end, steps, repeats):
     return best(repeats, run)
 
 
-def torch_batches(t, n, steps, repeats):
-    c = TorchClass().c
+def torch_batches(t, n, steps, repeats, fast=False):
+    """torchbind batch methods, or (fast) the same through ukv_torch.BatchCalls."""
+    torch_object = TorchClass().c
+    c = ukv_torch.BatchCalls(torch_object) if fast else torch_object
     c.alloc_compress_n(t, NUM_BLOCKS // 2)
 
     def run():
@@ -245,12 +248,14 @@ def report(rows, targets, notes, info):
         "ns per operation (per block operation for batches); each batch step is alloc_compress_n(n) + "
         "free_compress_many, 2n block operations.",
         "",
-        "| workload | C++ core | torch class (per call) | drop-in (per call) | batch API | pure-Python model |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| workload | C++ core | torch class (per call) | drop-in (per call) | torchbind batch methods | "
+        "batch API (BatchCalls) | pure-Python model |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, cells in rows:
         lines.append(f"| {name} | " + " | ".join(fmt(cells.get(col)) for col in
-                                                 ("core", "torch", "drop_in", "batch", "model")) + " |")
+                                                 ("core", "torch", "drop_in", "torchbind_batch", "batch", "model"))
+                     + " |")
     lines += ["", "| target | figure | met |", "|---|---|---|"]
     lines += [f"| {t} | {figure} | {'yes' if met else '**no**'} |" for t, figure, met in targets]
     lines += [""] + [f"- {note}." for note in notes]
@@ -284,7 +289,8 @@ def main():
         for n in BATCH_SIZES:
             batch_steps = max(10, steps * 8 // n)
             cells = {"core": core[f"BM_CompressBatch/type:{t}/n:{n}"],
-                     "batch": torch_batches(t, n, batch_steps, repeats),
+                     "torchbind_batch": torch_batches(t, n, batch_steps, repeats),
+                     "batch": torch_batches(t, n, batch_steps, repeats, fast=True),
                      "model": model_batches(t, n, max(3, batch_steps // 8), repeats)}
             rows.append((f"{name} batch of {n}, per block", cells))
             batch_at[n], core_at[n] = cells["batch"], cells["core"]

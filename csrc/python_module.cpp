@@ -1,13 +1,29 @@
 // ukv_torch._C is a shared library of torch registrations (bindings.cpp and
 // the TORCH_LIBRARY_IMPL blocks beside the kernels); importing it runs the
-// static registrars. Its only Python methods are the eager fast path of the
-// index ops (eager_calls.cpp); everything else is torch.ops.ukv / torch.classes.ukv.
+// static registrars. Its only Python methods are two fast paths around the
+// Python binding layers: eager index-op calls (eager_calls.cpp) and allocator
+// batch calls (batch_calls.cpp); everything else is torch.ops.ukv / torch.classes.ukv.
 #include <Python.h>
 
+#include <vector>
+
+#include "batch_calls.h"
 #include "eager_calls.h"
+
+namespace {
+
+std::vector<PyMethodDef>& module_methods() {
+  static std::vector<PyMethodDef> all;
+  for (PyMethodDef* table : {ukv::python::eager_call_methods(), ukv::python::batch_call_methods()})
+    for (PyMethodDef* m = table; m->ml_name != nullptr; ++m) all.push_back(*m);
+  all.push_back({nullptr, nullptr, 0, nullptr});
+  return all;
+}
+
+}  // namespace
 
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "ukv_torch registrations (use torch.ops.ukv / torch.classes.ukv)",
-                               -1, ukv::python::eager_call_methods()};
+                               -1, module_methods().data()};
   return PyModule_Create(&module);
 }

@@ -17,6 +17,7 @@ from .allocator import (  # noqa: E402
     slot_counts,
     unified_slot_counts,
 )
+from .batch_calls import BatchCalls  # noqa: E402
 from .manager import KvEventKind, KvManager  # noqa: E402
 from .ops import (  # noqa: E402
     bind_compress_view,
@@ -33,6 +34,7 @@ from .unified_kv import UnifiedKv, allocate_unified_kv  # noqa: E402
 __version__ = "0.1.0"
 __all__ = [
     "BACKEND",
+    "BatchCalls",
     "KvEventKind",
     "KvManager",
     "KvPlan",

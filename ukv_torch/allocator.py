@@ -18,6 +18,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from .batch_calls import BatchCalls
+
 __all__ = [
     "OutOfSlots",
     "UnifiedTypePool",
@@ -94,6 +96,7 @@ class UnifiedTypePool:
         self.bs = bs
         self.bps = bs // k if k else 0
         self.enabled = num_slots > 0
+        self._batch = BatchCalls(self.torch_object)
 
     def reserve_slot(self, s: int) -> bool:
         return self.torch_object.reserve_slot(s)
@@ -133,11 +136,11 @@ class UnifiedTypePool:
     @_raises_out_of_slots
     def alloc_compress_n(self, n: int) -> torch.Tensor:
         """Allocate n compress blocks at once (all or nothing), as an int64 tensor."""
-        return self.torch_object.alloc_compress_n(n)
+        return self._batch.alloc_compress_n(n)
 
     def free_compress_many(self, ids: torch.Tensor) -> None:
         """Free a batch of compress blocks; the whole batch is validated first."""
-        self.torch_object.free_compress_many(ids)
+        self._batch.free_compress_many(ids)
 
 
 class _PoolView:

@@ -55,21 +55,36 @@ void TypePoolHolder::free_swa(int64_t slot) { locked([&] { pool_.free_swa(slot);
 void TypePoolHolder::claim_swa(int64_t slot) { locked([&] { pool_.claim_swa(slot); }); }
 bool TypePoolHolder::is_free_swa(int64_t slot) { return locked([&] { return pool_.is_free_swa(slot); }); }
 bool TypePoolHolder::has_free_swa(int64_t n) { return locked([&] { return pool_.has_free_swa(n); }); }
-at::Tensor TypePoolHolder::alloc_swa_n(int64_t n) { return to_tensor(locked([&] { return pool_.alloc_swa_n(n); })); }
+at::Tensor TypePoolHolder::alloc_swa_n(int64_t n) { return to_tensor(alloc_n(BatchRole::kSwa, 0, n)); }
 void TypePoolHolder::free_swa_many(const at::Tensor& slots) {
   const at::Tensor ids = int64_arg(slots, "slots");
-  locked([&] { pool_.free_swa_many(ids.data_ptr<int64_t>(), static_cast<size_t>(ids.numel())); });
+  free_many(BatchRole::kSwa, 0, ids.data_ptr<int64_t>(), ids.numel());
 }
 
 int64_t TypePoolHolder::alloc_compress() { return locked([&] { return pool_.alloc_compress(); }); }
 void TypePoolHolder::free_compress(int64_t phys) { locked([&] { pool_.free_compress(phys); }); }
 bool TypePoolHolder::has_free_compress(int64_t n) { return locked([&] { return pool_.has_free_compress(n); }); }
-at::Tensor TypePoolHolder::alloc_compress_n(int64_t n) {
-  return to_tensor(locked([&] { return pool_.alloc_compress_n(n); }));
-}
+at::Tensor TypePoolHolder::alloc_compress_n(int64_t n) { return to_tensor(alloc_n(BatchRole::kCompress, 0, n)); }
 void TypePoolHolder::free_compress_many(const at::Tensor& ids) {
   const at::Tensor batch = int64_arg(ids, "ids");
-  locked([&] { pool_.free_compress_many(batch.data_ptr<int64_t>(), static_cast<size_t>(batch.numel())); });
+  free_many(BatchRole::kCompress, 0, batch.data_ptr<int64_t>(), batch.numel());
+}
+
+std::vector<int64_t> TypePoolHolder::alloc_n(BatchRole role, int64_t type, int64_t n) {
+  return locked([&] {
+    require(type == 0, "a TypePool has one compress type (0), got type ", type);
+    return role == BatchRole::kSwa ? pool_.alloc_swa_n(n) : pool_.alloc_compress_n(n);
+  });
+}
+void TypePoolHolder::free_many(BatchRole role, int64_t type, const int64_t* ids, int64_t n) {
+  locked([&] {
+    require(type == 0, "a TypePool has one compress type (0), got type ", type);
+    if (role == BatchRole::kSwa) {
+      pool_.free_swa_many(ids, static_cast<size_t>(n));
+    } else {
+      pool_.free_compress_many(ids, static_cast<size_t>(n));
+    }
+  });
 }
 
 int64_t TypePoolHolder::free_slots() { return locked([&] { return pool_.free_slots(); }); }
@@ -125,12 +140,10 @@ void CoordinatorHolder::claim_swa(int64_t slot) { locked([&] { coord_.claim_swa(
 bool CoordinatorHolder::is_free_swa(int64_t slot) { return locked([&] { return coord_.is_free_swa(slot); }); }
 bool CoordinatorHolder::has_free_swa(int64_t n) { return locked([&] { return coord_.has_free_swa(n); }); }
 int64_t CoordinatorHolder::free_swa_slots() { return locked([&] { return coord_.free_swa_slots(); }); }
-at::Tensor CoordinatorHolder::alloc_swa_n(int64_t n) {
-  return to_tensor(locked([&] { return coord_.alloc_swa_n(n); }));
-}
+at::Tensor CoordinatorHolder::alloc_swa_n(int64_t n) { return to_tensor(alloc_n(BatchRole::kSwa, 0, n)); }
 void CoordinatorHolder::free_swa_many(const at::Tensor& slots) {
   const at::Tensor ids = int64_arg(slots, "slots");
-  locked([&] { coord_.free_swa_many(ids.data_ptr<int64_t>(), static_cast<size_t>(ids.numel())); });
+  free_many(BatchRole::kSwa, 0, ids.data_ptr<int64_t>(), ids.numel());
 }
 
 int64_t CoordinatorHolder::alloc_compress(int64_t type) { return locked([&] { return coord_.alloc_compress(type); }); }
@@ -142,11 +155,24 @@ int64_t CoordinatorHolder::free_compress_blocks(int64_t type) {
   return locked([&] { return coord_.free_compress_blocks(type); });
 }
 at::Tensor CoordinatorHolder::alloc_compress_n(int64_t type, int64_t n) {
-  return to_tensor(locked([&] { return coord_.alloc_compress_n(type, n); }));
+  return to_tensor(alloc_n(BatchRole::kCompress, type, n));
 }
 void CoordinatorHolder::free_compress_many(int64_t type, const at::Tensor& ids) {
   const at::Tensor batch = int64_arg(ids, "ids");
-  locked([&] { coord_.free_compress_many(type, batch.data_ptr<int64_t>(), static_cast<size_t>(batch.numel())); });
+  free_many(BatchRole::kCompress, type, batch.data_ptr<int64_t>(), batch.numel());
+}
+
+std::vector<int64_t> CoordinatorHolder::alloc_n(BatchRole role, int64_t type, int64_t n) {
+  return locked([&] { return role == BatchRole::kSwa ? coord_.alloc_swa_n(n) : coord_.alloc_compress_n(type, n); });
+}
+void CoordinatorHolder::free_many(BatchRole role, int64_t type, const int64_t* ids, int64_t n) {
+  locked([&] {
+    if (role == BatchRole::kSwa) {
+      coord_.free_swa_many(ids, static_cast<size_t>(n));
+    } else {
+      coord_.free_compress_many(type, ids, static_cast<size_t>(n));
+    }
+  });
 }
 bool CoordinatorHolder::can_allocate_jointly(int64_t n_swa, std::vector<int64_t> compress_demand) {
   return locked([&] { return coord_.can_allocate_jointly(n_swa, compress_demand); });

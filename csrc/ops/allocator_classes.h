@@ -19,6 +19,8 @@
 
 namespace ukv::ops {
 
+enum class BatchRole : int64_t { kSwa = 0, kCompress = 1 };
+
 class TypePoolHolder : public torch::CustomClassHolder {
  public:
   TypePoolHolder(int64_t num_slots, int64_t k, int64_t block_size, int64_t shared_slots);
@@ -48,6 +50,11 @@ class TypePoolHolder : public torch::CustomClassHolder {
   bool has_free_compress(int64_t n);
   at::Tensor alloc_compress_n(int64_t n);
   void free_compress_many(const at::Tensor& ids);
+
+  // The batch methods on raw ids, for the tensor methods above and the CPython
+  // fast path (csrc/batch_calls.cpp). A pool has one compress type: type 0.
+  std::vector<int64_t> alloc_n(BatchRole role, int64_t type, int64_t n);
+  void free_many(BatchRole role, int64_t type, const int64_t* ids, int64_t n);
 
   int64_t free_slots();
   int64_t free_compress_blocks();
@@ -92,6 +99,11 @@ class CoordinatorHolder : public torch::CustomClassHolder {
   at::Tensor alloc_compress_n(int64_t type, int64_t n);
   void free_compress_many(int64_t type, const at::Tensor& ids);
   bool can_allocate_jointly(int64_t n_swa, std::vector<int64_t> compress_demand);
+
+  // The batch methods on raw ids (see TypePoolHolder::alloc_n); `type` is the
+  // compress type, ignored for the SWA role.
+  std::vector<int64_t> alloc_n(BatchRole role, int64_t type, int64_t n);
+  void free_many(BatchRole role, int64_t type, const int64_t* ids, int64_t n);
 
   std::vector<int64_t> take_evicted_swa();
   std::string owner(int64_t type, int64_t slot);
