@@ -44,8 +44,9 @@ gpu::Error launch_csa_translate_pack(const CsaTranslatePackParams& p, gpu::Strea
 
 gpu::Error launch_paged_decode_indices(const PagedDecodeParams& p, gpu::Stream stream) {
   if (p.num_tokens == 0) return gpu::kSuccess;
-  constexpr int kThreads = 128;
-  paged_decode_indices_kernel<kThreads><<<p.num_tokens, kThreads, 0, stream>>>(p);
+  constexpr int kThreads = 256;
+  constexpr int kGroup = 64;
+  paged_decode_indices_kernel<kThreads, kGroup><<<ceil_div(p.num_tokens, kThreads / kGroup), kThreads, 0, stream>>>(p);
   return gpu::last_launch_error();
 }
 

@@ -5,23 +5,28 @@
 // csa_translate_pack and hca_decode_indices). The SWA slice is exactly the
 // window, so its tail is the whole slice.
 //
-// One block per token; a window row is looked up once and stored into every
-// requested buffer. Consecutive threads write consecutive cells.
+// One group of kGroup threads per token, several tokens per block (a window
+// is 128 cells: half a block's worth of work would idle); a window row is
+// looked up once and stored into every requested buffer. Consecutive threads
+// write consecutive cells.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/compat.h"
 #include "kernels/index_formulas.h"
+#include "kernels/thread_groups.cuh"
 
 namespace ukv::kernels {
 
 // Every per-token load is issued before any is used (a padding token is not
 // an early return but a window of 0), so the only wait before the table
 // lookups is one memory round trip.
-template <int kThreads>
+template <int kThreads, int kGroup>
 __global__ void paged_decode_indices_kernel(PagedDecodeParams p) {
-  const int32_t t = blockIdx.x;
+  const ThreadGroup g = thread_group<kThreads, kGroup>();
+  const int32_t t = g.item;
+  if (t >= p.num_tokens) return;
   const int32_t bid = p.batch_id[t];
   const int32_t pos = load_position(p.positions, t);
   const bool with_csa = p.csa.data != nullptr;
@@ -35,7 +40,8 @@ __global__ void paged_decode_indices_kernel(PagedDecodeParams p) {
 
   const int32_t n = is_real_token(bid, p.swa_table.rows) ? swa_window_count(pos, p.window) : 0;
   const int32_t first = pos - n + 1;
-  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+#pragma unroll 2
+  for (int32_t i = g.lane; i < n; i += kGroup) {
     const int32_t row = swa_row(p.swa_table, bid, first + i, p.block_size);
     store_in_slice(p.swa, swa_bounds, swa_end - n + i, row);
     if (with_csa) store_in_slice(p.csa, csa_bounds, csa_end - n + i, row);

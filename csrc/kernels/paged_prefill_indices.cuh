@@ -44,10 +44,12 @@ __global__ void paged_prefill_indices_kernel(PagedPrefillParams p) {
   const int32_t n_hca = prefill_hca_count(p, pos, bid);
   const int32_t first_extend_row = p.query_start[bid] + w.pos_in_chunk - w.extend_count + 1;
 
+#pragma unroll 2
   for (int32_t i = g.lane; i < w.extend_count; i += kGroup)
     store_in_slice(p.extend, extend_bounds, extend_begin + i, first_extend_row + i);
 
   const int64_t csa_tail = csa_end - w.prefix_swa_count;
+#pragma unroll 2
   for (int32_t i = g.lane; i < w.prefix_swa_count; i += kGroup) {
     const int32_t row = swa_row(p.swa_table, bid, w.swa_low + i, p.block_size);
     store_in_slice(p.swa, swa_bounds, swa_begin + i, row);
