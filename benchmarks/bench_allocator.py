@@ -148,16 +148,25 @@ def swa_churn_with_borrowing(front_end, steps, repeats):
     return best(repeats, run)
 
 
-def torch_batches(t, n, steps, repeats, fast=False):
-    """torchbind batch methods, or (fast) the same through ukv_torch.BatchCalls."""
+def torch_batches(t, n, steps, repeats, api="torchbind"):
+    """alloc + free of n blocks per step: torchbind methods, or ukv_torch.BatchCalls
+    returning new tensors ("new") or filling a persistent one ("into")."""
     torch_object = TorchClass().c
-    c = ukv_torch.BatchCalls(torch_object) if fast else torch_object
+    c = torch_object if api == "torchbind" else ukv_torch.BatchCalls(torch_object)
     c.alloc_compress_n(t, NUM_BLOCKS // 2)
+    out = torch.empty(n, dtype=torch.int64)
+
+    def step():
+        if api == "into":
+            c.alloc_compress_into(t, out)
+            c.free_compress_many(t, out)
+        else:
+            c.free_compress_many(t, c.alloc_compress_n(t, n))
 
     def run():
         start = time.perf_counter()
         for _ in range(steps):
-            c.free_compress_many(t, c.alloc_compress_n(t, n))
+            step()
         return (time.perf_counter() - start) / (2 * n * steps) * 1e9
     return best(repeats, run)
 
@@ -245,16 +254,17 @@ def report(rows, targets, notes, info):
         *info["lscpu"],
         "```",
         "",
-        "ns per operation (per block operation for batches); each batch step is alloc_compress_n(n) + "
-        "free_compress_many, 2n block operations.",
+        "ns per operation (per block operation for batches); each batch step is alloc_compress_n(n) (or "
+        "alloc_compress_into a persistent n-element tensor) + free_compress_many, 2n block operations.",
         "",
         "| workload | C++ core | torch class (per call) | drop-in (per call) | torchbind batch methods | "
-        "batch API (BatchCalls) | pure-Python model |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "BatchCalls, new tensors | batch API: BatchCalls `_into` | pure-Python model |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, cells in rows:
         lines.append(f"| {name} | " + " | ".join(fmt(cells.get(col)) for col in
-                                                 ("core", "torch", "drop_in", "torchbind_batch", "batch", "model"))
+                                                 ("core", "torch", "drop_in", "torchbind_batch", "batch_new", "batch",
+                                                  "model"))
                      + " |")
     lines += ["", "| target | figure | met |", "|---|---|---|"]
     lines += [f"| {t} | {figure} | {'yes' if met else '**no**'} |" for t, figure, met in targets]
@@ -290,7 +300,8 @@ def main():
             batch_steps = max(10, steps * 8 // n)
             cells = {"core": core[f"BM_CompressBatch/type:{t}/n:{n}"],
                      "torchbind_batch": torch_batches(t, n, batch_steps, repeats),
-                     "batch": torch_batches(t, n, batch_steps, repeats, fast=True),
+                     "batch_new": torch_batches(t, n, batch_steps, repeats, api="new"),
+                     "batch": torch_batches(t, n, batch_steps, repeats, api="into"),
                      "model": model_batches(t, n, max(3, batch_steps // 8), repeats)}
             rows.append((f"{name} batch of {n}, per block", cells))
             batch_at[n], core_at[n] = cells["batch"], cells["core"]

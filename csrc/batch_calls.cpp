@@ -103,6 +103,24 @@ PyObject* alloc(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+// batch_alloc_into(capsule, role, type, out) -> None: out.numel() new ids into
+// the caller's int64 tensor (a persistent buffer saves the tensor allocation,
+// which costs more than a small batch itself)
+PyObject* alloc_into(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  Call call{};
+  if (!parse_call(args, nargs, 4, "batch_alloc_into", &call)) return nullptr;
+  TORCH_CHECK_TYPE(THPVariable_Check(args[3]), "out must be a 1-D int64 CPU tensor, got ", Py_TYPE(args[3])->tp_name);
+  const at::Tensor& out = THPVariable_Unpack(args[3]);
+  TORCH_CHECK_VALUE(out.dim() == 1 && out.scalar_type() == at::kLong && out.device().is_cpu() && out.is_contiguous(),
+                    "out must be a contiguous 1-D int64 CPU tensor, got ", out.scalar_type(), " ", out.sizes(), " on ",
+                    out.device(), out.is_contiguous() ? "" : " (not contiguous)");
+  const std::vector<int64_t> ids = call.target->alloc_n(call.role, call.type, out.numel());
+  if (!ids.empty()) std::memcpy(out.data_ptr<int64_t>(), ids.data(), ids.size() * sizeof(int64_t));
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
 // batch_free(capsule, role, type, ids) -> None
 PyObject* free_ids(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -119,6 +137,8 @@ PyMethodDef methods[] = {
     {"batch_target", make_target, METH_O, "batch_target(torch.classes.ukv.TypePool | Coordinator) -> capsule"},
     {"batch_alloc", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(alloc)), METH_FASTCALL,
      "batch_alloc(target, role, type, n) -> int64 tensor of n new ids (all or nothing)"},
+    {"batch_alloc_into", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(alloc_into)), METH_FASTCALL,
+     "batch_alloc_into(target, role, type, out) -> None: fill out with new ids (all or nothing)"},
     {"batch_free", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(free_ids)), METH_FASTCALL,
      "batch_free(target, role, type, ids) -> None (validated first)"},
     {nullptr, nullptr, 0, nullptr},

@@ -158,3 +158,41 @@ def test_threads_mixing_batch_calls_and_torchbind_conserve_every_slot():
     assert not failures
     c.check_invariants()
     assert c.free_swa_slots() == NUM_SWA
+
+
+@pytest.mark.parametrize("make", [coordinator, pool], ids=["coordinator", "pool"])
+def test_into_fills_the_callers_tensor_with_the_ids_alloc_n_gives(make):
+    ours, theirs = make(), make()
+    fast, reference = BatchCalls(ours), BatchCalls(theirs)
+    t = () if make is pool else (1,)
+    for n in (0, 1, 5, 17):
+        out = torch.full((n,), -9, dtype=torch.int64)
+        fast.alloc_compress_into(*t, out)
+        assert torch.equal(out, reference.alloc_compress_n(*t, n))
+        swa = torch.full((n,), -9, dtype=torch.int64)
+        fast.alloc_swa_into(swa)
+        assert torch.equal(swa, reference.alloc_swa_n(n))
+    assert ours.__getstate__() == theirs.__getstate__()
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(4, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int64),
+                                 torch.zeros(8, dtype=torch.int64)[::2], [0, 0]],
+                         ids=["int32", "2-D", "strided", "list"])
+def test_into_refuses_a_bad_out_and_changes_nothing(bad):
+    c = coordinator()
+    fast = BatchCalls(c)
+    before = c.__getstate__()
+    with pytest.raises((ValueError, TypeError), match="out must be a"):
+        fast.alloc_compress_into(0, bad)
+    assert c.__getstate__() == before
+
+
+def test_into_on_exhaustion_leaves_out_and_state_unchanged():
+    p = pool()
+    fast = BatchCalls(p)
+    out = torch.full((96 * 4 + 1,), -9, dtype=torch.int64)  # one more block than the pool holds
+    before = p.__getstate__()
+    with pytest.raises(RuntimeError, match="No free KV slots"):
+        fast.alloc_compress_into(out)
+    assert p.__getstate__() == before
+    assert bool((out == -9).all())
