@@ -95,6 +95,7 @@ def two_rank_worker(rank, init_file):
         want = t[2, 1, 5].item() - 100 * rank
         assert first_divergence(t) == Divergence(1, (2, 1, 5), want, want + 100)
         check_tables_replicated(t, 2)  # rows 0-1 agree
+        check_tables_replicated(t, 0)  # an empty batch agrees
         with pytest.raises(TablesDiverged, match=f"row 2, SWA table, column 5: rank 0 has {want}, rank 1 has "
                                                  f"{want + 100}") as exc:
             check_tables_replicated(t, 4)

@@ -111,6 +111,8 @@ def first_divergence(tensor: torch.Tensor, *, group: Optional[dist.ProcessGroup]
     for i, s in enumerate(shapes):
         if s != shapes[0]:
             return Divergence(ranks[i], None, tuple(shapes[0][1:1 + shapes[0][0]]), tuple(s[1:1 + s[0]]))
+    if tensor.numel() == 0:  # the shapes agree, so every rank returns here together
+        return None
     gathered = _all_gather(tensor.contiguous(), group)
     differs = (gathered != gathered[0]).nonzero()
     if differs.shape[0] == 0:
