@@ -191,13 +191,16 @@ def run_replicated(run: Run) -> int:
 
     server = make_server(run.args, run.device, on_forward)
     step = 0
-    while step < run.args.steps and not server.done():
+    while step < run.args.steps:
         staged["rows"] = 0
         server.step(step)
         # After the commit: only stage() writes the staged tables, so they are what the forward read.
         run.check_tables("replicated", step, server.mgr.tables, staged["rows"])
+        done = server.done()
+        if first_divergence(torch.tensor([int(done)], device=run.device)) is not None:  # else some ranks would hang
+            run.fail("replicated", step, "the ranks disagree on whether the workload is finished")
         step += 1
-        if run.agree():
+        if run.agree() or done:
             break
     run.counts["replicated_preemptions"] = server.result.preemptions
     run.counts["replicated_completed"] = server.result.completed
