@@ -9,6 +9,9 @@
 set -uo pipefail
 OUT=${OUT:-build/gpu-session}
 mkdir -p "$OUT"
+# NVLink multicast stays off for every stage (the GPU tests start NCCL too): on a
+# shared host it can take the GPUs out of service.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # The image's /opt/gcc links libstdc++ statically into the extension, which
 # crashes on the first integer formatted into an error message: use the system g++.
 export CC=gcc CXX=g++ TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} PYTHONPATH=$PWD
@@ -36,8 +39,11 @@ for s in "$@"; do
       stage memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu $SANITIZED
       stage racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m pytest -q -m gpu \
         tests/test_index_robustness.py tests/test_kv_manager_gpu.py ;;
-    tp) stage tp python3 -m torch.distributed.run --standalone --nproc_per_node="$(nvidia-smi -L | wc -l)" \
-          tests/distributed/tp_consistency.py ;;
+    tp)
+      stage tp python3 -m torch.distributed.run --standalone --nproc_per_node="$(nvidia-smi -L | wc -l)" \
+        tests/tp_consistency.py --steps 2000 --json
+      stage tp-perturbed bash -c '! python3 -m torch.distributed.run --standalone --nproc_per_node=1 \
+        tests/tp_consistency.py --patterns scheduler --perturb-step 40' ;;
     *) echo "unknown stage $s" | tee -a "$OUT/summary.txt"; status=1 ;;
   esac
 done
