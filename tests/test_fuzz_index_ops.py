@@ -37,23 +37,21 @@ STEP_SHAPES = dict(window=st.sampled_from([1, 3, 64, 128, 200]), block_size=st.s
 LAYOUTS = dict(positions_dtype=st.sampled_from([torch.int32, torch.int64]), strided_tables=st.booleans())
 
 
+def steps(make, per_seq, lengths, seqs, lens, max_seqs):
+    """Steps from make(rng, per_seq=[...], lengths=[...], ...): one length per sequence."""
+    def build(values, all_lens, seed, **shape):
+        return make(random.Random(seed), **{per_seq: values, lengths: all_lens[:len(values)]}, **shape)
+    return st.builds(build, st.lists(seqs, min_size=1, max_size=max_seqs),
+                     st.lists(lens, min_size=max_seqs, max_size=max_seqs), **STEP_SHAPES)
+
+
 def decode_steps():
-    """Random decode / MTP-verify steps; q_len 0 leaves a sequence out (all 0: no tokens)."""
-    def build(contexts, q_lens, window, block_size, index_topk, unified, num_padding, seed):
-        return make_decode_step(random.Random(seed), contexts=contexts, q_lens=q_lens[:len(contexts)],
-                                num_padding=num_padding, window=window, block_size=block_size,
-                                index_topk=index_topk, unified=unified)
-    contexts = st.lists(st.integers(1, 3000), min_size=1, max_size=5)
-    return st.builds(build, contexts, st.lists(st.integers(0, 4), min_size=5, max_size=5), **STEP_SHAPES)
+    """Decode / MTP-verify steps; q_len 0 leaves a sequence out (all 0: no tokens)."""
+    return steps(make_decode_step, "contexts", "q_lens", st.integers(1, 3000), st.integers(0, 4), 5)
 
 
 def prefill_steps():
-    def build(prefixes, chunk_lens, window, block_size, index_topk, unified, num_padding, seed):
-        return make_prefill_step(random.Random(seed), prefixes=prefixes, chunk_lens=chunk_lens[:len(prefixes)],
-                                 num_padding=num_padding, window=window, block_size=block_size,
-                                 index_topk=index_topk, unified=unified)
-    prefixes = st.lists(st.integers(0, 3000), min_size=1, max_size=4)
-    return st.builds(build, prefixes, st.lists(st.integers(0, 300), min_size=4, max_size=4), **STEP_SHAPES)
+    return steps(make_prefill_step, "prefixes", "chunk_lens", st.integers(0, 3000), st.integers(0, 300), 4)
 
 
 STEP_KINDS = {"decode": (decode_steps, op_decode, reference_decode),
