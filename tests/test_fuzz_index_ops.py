@@ -24,8 +24,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-import index_reference as ref
 import ukv_torch
+from allocator_model import reference_layer_rows
 from fuzz_support import GuardedOutputs, fuzz_settings
 from index_calls import call, op_label, valid_calls
 from index_cases import DEVICES, INT32_MAX, INT32_MIN, make_decode_step, make_prefill_step
@@ -240,18 +240,6 @@ def test_bind_compress_view_addresses_rows_or_refuses(rows, cols, pad, dtype, ba
     assert torch.equal(as_bytes(view.reshape(len(rows_of), cols)), as_bytes(kv[rows_of]))
     if view.numel():
         assert view.untyped_storage().data_ptr() == kv.untyped_storage().data_ptr()  # an alias, not a copy
-
-
-def reference_layer_rows(ratio, num_swa, nb, block_size, unified):
-    """SPEC.md §2.1: the unified tensor has the type's slots (shared SWA +
-    ceil(NB / blocks per slot)) x block_size rows; the static split the SWA
-    region plus k rows per logical block; a dense layer the SWA region."""
-    if ratio == 0:
-        return num_swa * block_size
-    k = block_size // ratio
-    if unified:
-        return (num_swa + -(-nb // (block_size // k))) * block_size
-    return num_swa * block_size + nb * k
 
 
 @given(ratios=st.lists(st.sampled_from([0, 4, 128, 3, -4, 256]), max_size=4), num_swa=st.integers(-1, 40),

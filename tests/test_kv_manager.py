@@ -278,6 +278,35 @@ def test_bad_inputs_raise_naming_the_problem_and_change_nothing(call):
     m.check_invariants()
 
 
+def test_counts_near_int64_max_are_refused_not_wrapped():
+    """Regression: num_computed + a count near INT64_MAX wrapped, passed the
+    check and corrupted the sequence; a sum of decode counts wrapped too."""
+    m = started()
+    m.ensure_for_tokens([1], [100])
+    m.commit_prefill([1], [100])
+    m.append([2], 2)
+    before = state(m)
+    for call in (lambda: m.ensure_for_tokens([1], [2**63 - 1]), lambda: m.commit_prefill([1], [2**63 - 1]),
+                 lambda: m.commit_prefill([1], [2**63 - 1], [5])):
+        with pytest.raises(ValueError, match="exceed"):
+            call()
+    with pytest.raises(ValueError, match=r"sum\(counts\)"):
+        m.commit_decode([2, 2], [2**62, 2**62], [])
+    assert state(m) == before
+    m.check_invariants()
+
+
+def test_wrapper_token_lists_out_of_int32_are_refused_naming_tokens():
+    """Regression: the wrapper's int32 conversion failed first, with an overflow error naming nothing."""
+    m = started()
+    before = state(m)
+    with pytest.raises(ValueError, match=r"tokens values must be in \[0, 2\^31 - 1\]"):
+        m.allocate(5, [1, 2**40])
+    with pytest.raises(ValueError, match="tokens values"):
+        m.can_allocate([2**31])
+    assert state(m) == before
+
+
 def test_bad_constructor_options():
     with pytest.raises(ValueError, match="unknown option"):
         torch.classes.ukv.KvManager({"num_logical_blocks": 4, "bogus": 1}, [32, 1], [], 0.5, "")
