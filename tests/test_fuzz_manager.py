@@ -27,6 +27,7 @@ from hypothesis import given, strategies as st
 
 from fuzz_support import ACCEPTED_ID_LAYOUTS, ACCEPTED_TOKEN_LAYOUTS, ID_LAYOUTS, fuzz_settings, in_layout
 from test_kv_manager_model import CONFIGS, Serving
+from ukv_torch import KvManager
 
 UNKNOWN_IDS = [-1, 10**6, 2**63 - 1, -(2**63)]
 
@@ -285,3 +286,38 @@ def test_every_method_gives_the_model_result_or_refuses_changing_nothing(config)
     case()
     for name in BATCH_METHODS:
         assert outcomes["refused", name] > 0 and outcomes["accepted", name] > 0, (name, outcomes)
+
+
+# -------------------------------------------------------------- constructor --
+VALID_OPTIONS = dict(num_logical_blocks=40, num_swa_blocks=32, block_size=128, window=128, mtp_k=1,
+                     max_num_batched_tokens=512, full_retain=True, retention_interval=256, checkpoint_frac=0.25,
+                     max_num_seqs=4, max_blocks_per_seq=8)
+# One option out of its domain at a time: (value, what the refusal names).
+BAD_OPTIONS = {
+    "num_logical_blocks": ([-1, 2**31, 2**63 - 1], "num_logical_blocks"),
+    "num_swa_blocks": ([-1, 2**62, 2**63 - 1, 0], "num_swa_blocks"),
+    "block_size": ([0, -128, 48], "block_size"),
+    "window": ([-1, 0], "window"),
+    "mtp_k": ([-1, -(2**63)], "mtp_k"),
+    "max_num_batched_tokens": ([0, -1], "max_num_batched_tokens"),
+    "max_num_seqs": ([0, -5], "max_num_seqs"),
+    "max_blocks_per_seq": ([0, -1], "max_blocks_per_seq"),
+    "retention_interval": ([-1], "retention_interval"),
+    "checkpoint_frac": ([-0.1, 1.5, float("nan")], "checkpoint_frac"),
+    "compress_ks": ([[48], [0], [256], [-32]], "compress_ks"),
+    "type_slots": ([[1, 1], [-1, 33], [33]], "type_slots|compress type|num_slots"),
+}
+
+
+@given(option=st.sampled_from(sorted(BAD_OPTIONS)), data=st.data(), unified=st.booleans())
+@fuzz_settings(150)
+def test_one_bad_constructor_option_is_refused_naming_it(option, data, unified):
+    values, names = BAD_OPTIONS[option]
+    value = data.draw(st.sampled_from(values), label="value")
+    options = {**VALID_OPTIONS, "unified": unified or option == "type_slots", option: value}
+    with pytest.raises(ValueError, match=names):
+        KvManager(**options)
+    options.pop(option)  # the same options without the bad one build
+    m = KvManager(**options, **{option: VALID_OPTIONS[option]} if option in VALID_OPTIONS else {})
+    m.check_invariants()
+    assert m.config()["num_logical_blocks"] == VALID_OPTIONS["num_logical_blocks"]

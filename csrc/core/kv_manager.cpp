@@ -29,8 +29,10 @@ KvManagerConfig validated(KvManagerConfig c) {
   require(c.retention_interval >= 0, "retention_interval must be >= 0, got ", c.retention_interval);
   require(c.checkpoint_frac >= 0.0 && c.checkpoint_frac <= 1.0, "checkpoint_frac must be in [0, 1], got ",
           c.checkpoint_frac);
-  require(c.num_logical_blocks <= kMaxRows && c.num_swa_blocks <= kMaxRows / c.block_size,
-          "block counts exceed the int32 id/row limit");
+  require(c.num_logical_blocks <= kMaxRows, "num_logical_blocks ", c.num_logical_blocks,
+          " exceeds the int32 id limit ", kMaxRows);
+  require(c.num_swa_blocks <= kMaxRows / c.block_size, "num_swa_blocks ", c.num_swa_blocks, " x block_size ",
+          c.block_size, " exceeds the int32 row limit ", kMaxRows);
   for (int64_t k : c.compress_ks)
     require(k > 0 && k <= c.block_size && c.block_size % k == 0, "compress_ks: each k must divide block_size ",
             c.block_size, ", got ", k);
