@@ -122,8 +122,8 @@ def change_tensor(data, call_name, name, t):
         for i, b in zip(sorted(tokens), bids):
             changed[i], padded[i] = b, -1
         return changed, ("as", padded)
-    garbage = torch.tensor(data.draw(st.lists(st.integers(INT32_MIN, INT32_MAX), min_size=t.numel(),
-                                              max_size=t.numel()), label="garbage"), dtype=t.dtype)
+    rng = random.Random(data.draw(st.integers(0, 2**32), label="garbage seed"))  # tensors can be large
+    garbage = torch.tensor([rng.randint(INT32_MIN, INT32_MAX) for _ in range(t.numel())], dtype=t.dtype)
     return garbage.reshape(t.shape), ("confined",)
 
 
@@ -156,11 +156,14 @@ CALL_NAMES = sorted(valid_calls("cpu"))
 def test_one_changed_tensor_argument_is_refused_or_harmless(device):
     outcomes = Counter()
 
-    @fuzz_settings(600)
+    @fuzz_settings(1200)
     @given(decode=decode_steps(), prefill=prefill_steps(), call_name=st.sampled_from(CALL_NAMES), data=st.data())
     def case(decode, prefill, call_name, data):
         tensors, _ = valid_calls(device, decode, prefill)[call_name]
-        name = data.draw(st.sampled_from(sorted(n for n, t in tensors.items() if t is not None)), label="argument")
+        names = sorted(n for n, t in tensors.items() if t is not None)
+        # batch_id and the tables more often: their changes are the ones that must still give results
+        name = data.draw(st.sampled_from(names + ["batch_id"] * 3 + [n for n in names if is_matrix(n)] * 2),
+                         label="argument")
         changed, expectation = change_tensor(data, call_name, name, tensors[name])
         outcomes[expectation[0]] += 1
         with_change = lambda value: lambda ts, ss: ({**ts, name: value}, ss)  # noqa: E731
