@@ -321,3 +321,42 @@ def test_one_bad_constructor_option_is_refused_naming_it(option, data, unified):
     m = KvManager(**options, **{option: VALID_OPTIONS[option]} if option in VALID_OPTIONS else {})
     m.check_invariants()
     assert m.config()["num_logical_blocks"] == VALID_OPTIONS["num_logical_blocks"]
+
+
+# ------------------------------------------------------------- tiny pools --
+@pytest.mark.parametrize("unified", [True, False], ids=["unified", "static"])
+@pytest.mark.parametrize("num_logical_blocks,num_swa_blocks", [(0, 3), (1, 1), (1, 3), (2, 2), (3, 1)])
+def test_pools_of_zero_one_and_two_blocks_refuse_what_does_not_fit_and_keep_every_promise(
+        unified, num_logical_blocks, num_swa_blocks):
+    """Admission says -1 to what cannot fit (everything, with no logical
+    block), what it admits runs to the end exactly like the model, and
+    nothing leaks (Serving.run checks all three)."""
+    from test_kv_manager_model import config
+    cfg = config(unified, num_logical_blocks=num_logical_blocks, num_swa_blocks=num_swa_blocks, max_blocks_per_seq=4)
+    admitted = 0
+    for seed in range(3):
+        run = Serving(cfg, seed)
+        run.run(steps=25)
+        admitted += run.cpp.stats()["admissions"]
+    assert (admitted > 0) == (num_logical_blocks > 0)
+
+
+@pytest.mark.parametrize("num_logical_blocks", [0, 1])
+def test_a_manager_without_an_swa_pool_serves_within_its_logical_blocks(num_logical_blocks):
+    """window = num_swa_blocks = 0 (no sliding window): no SWA table entries,
+    one logical block serves one block of tokens, then can_append says no."""
+    m = KvManager(num_logical_blocks=num_logical_blocks, num_swa_blocks=0, window=0, max_num_seqs=2,
+                  max_blocks_per_seq=2)
+    prompt = list(range(1, 101))
+    assert m.allocate(0, prompt) == (0 if num_logical_blocks else -1)
+    if num_logical_blocks:
+        m.ensure_for_tokens([0], [100])
+        m.commit_prefill([0], [100], [7])
+        while m.can_append([0]) == 1:
+            m.append([0])
+            m.commit_decode([0], [1], [9])
+        assert m.num_computed(0) == 128 and m.swa_table(0).tolist() == [-1] and m.logical_table(0).tolist() == [0]
+        m.deallocate([0])
+    m.check_invariants()
+    st = m.stats()
+    assert (st["free_logical_blocks"], st["held_swa_slots"], st["num_sequences"]) == (num_logical_blocks, 0, 0)
