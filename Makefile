@@ -6,6 +6,7 @@
 #   make demo    python -m ukv_torch.demo
 #   make sanitize  the C++ core tests under ASan + UBSan
 #   make bench   the benchmarks in benchmarks/ (GPU ones need a GPU)
+#   make soak    10M+ randomized allocator operations, invariants sampled, leaks and RSS checked
 #   make bench-kernels  the index-kernel benchmark (GPU machine; JSON in build/)
 
 PYTHON ?= python3
@@ -18,7 +19,7 @@ APTDEPS := cmake ninja-build libgtest-dev libbenchmark-dev
 BUILD_DIR ?= build/core
 PYTEST_ARGS ?=
 
-.PHONY: sanitize deps pydeps sysdeps build cpp-test pytest test demo bench gpu-compile-check hip-toolchain bench-kernels clean
+.PHONY: soak sanitize deps pydeps sysdeps build cpp-test pytest test demo bench gpu-compile-check hip-toolchain bench-kernels clean
 
 deps: pydeps sysdeps
 
@@ -103,6 +104,10 @@ bench: build cpp-test
 	$(PYTHON) benchmarks/bench_manager.py
 	@$(PYTHON) -c "import matplotlib" 2>/dev/null || $(PIP) install -q matplotlib
 	$(PYTHON) benchmarks/capacity.py --plot benchmarks/capacity.png
+
+SOAK_OPS ?= 10000000
+soak: build
+	$(PYTHON) benchmarks/soak.py --ops $(SOAK_OPS)
 
 bench-kernels: build
 	$(PYTHON) benchmarks/bench_kernels.py --out build/bench_kernels.json

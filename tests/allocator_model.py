@@ -63,6 +63,27 @@ class Exhausted(Exception):
         self.text = text
 
 
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+def reference_type_slots(num_swa_blocks, num_compress_blocks, k, block_size=128):
+    """SPEC.md §1.5.1: slots of one type's unified tensor, the shared SWA slots
+    plus the own slots holding num_compress_blocks blocks of k rows."""
+    return num_swa_blocks + ceil_div(num_compress_blocks, block_size // k)
+
+
+def reference_layer_rows(ratio, num_swa, nb, block_size, unified):
+    """SPEC.md §2.1: rows of a layer tensor. Unified: its type's slots x block_size;
+    static split: the SWA region plus k rows per logical block; dense: the SWA region."""
+    if ratio == 0:
+        return num_swa * block_size
+    k = block_size // ratio
+    if unified:
+        return reference_type_slots(num_swa, nb, k, block_size) * block_size
+    return num_swa * block_size + nb * k
+
+
 def _require(ok, argument):
     if not ok:
         raise InvalidArgument(argument)

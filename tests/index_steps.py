@@ -10,7 +10,17 @@ import torch
 
 import index_reference as ref
 import ukv_torch
-from index_cases import output_buffer, reference_buffer
+from index_cases import SENTINEL, SLACK, reference_buffer
+
+
+def fresh_buffers(device):
+    """The default allocator of a step's outputs: alloc(n, fill) -> a new int32 [n]."""
+    return lambda n, fill: torch.full((n,), fill, dtype=torch.int32, device=device)
+
+
+def output(alloc, indptr):
+    """A sentinel-filled output for the slices of indptr, plus SLACK cells (see index_cases)."""
+    return alloc(int(indptr[-1]) + SLACK, SENTINEL)
 
 
 def reference_decode(step):
@@ -26,15 +36,16 @@ def reference_decode(step):
     return {"swa_indptr": swa_ptr, "csa_indptr": csa_ptr, "hca_indptr": hca_ptr, "swa": swa, "csa": csa, "hca": hca}
 
 
-def op_decode(step, device, positions_dtype=torch.int64, strided_tables=False):
+def op_decode(step, device, positions_dtype=torch.int64, strided_tables=False, alloc=None):
+    """The step through the ops; alloc(n, fill) makes each output (default: fresh_buffers)."""
+    alloc = alloc or fresh_buffers(device)
     x = step.tensors(device, positions_dtype, strided_tables)
     num_tokens = len(step.positions)
-    ptrs = {name: torch.full((num_tokens + 1,), -1, dtype=torch.int32, device=device)
-            for name in ("swa_indptr", "csa_indptr", "hca_indptr")}
+    ptrs = {name: alloc(num_tokens + 1, -1) for name in ("swa_indptr", "csa_indptr", "hca_indptr")}
     ukv_torch.decode_index_metadata(x.positions, x.batch_id, x.n_csa, x.n_hca, ptrs["swa_indptr"],
                                     ptrs["csa_indptr"], ptrs["hca_indptr"], window=step.window,
                                     index_topk=step.index_topk, csa_ratio=step.csa_ratio)
-    out = {name: output_buffer(ptrs[name + "_indptr"].tolist(), device) for name in ("swa", "csa", "hca")}
+    out = {name: output(alloc, ptrs[name + "_indptr"]) for name in ("swa", "csa", "hca")}
     ukv_torch.paged_decode_indices(x.swa_table, x.positions, x.batch_id, ptrs["swa_indptr"], out["swa"],
                                    ptrs["csa_indptr"], out["csa"], ptrs["hca_indptr"], out["hca"],
                                    window=step.window, block_size=step.block_size)
@@ -67,16 +78,18 @@ def reference_prefill(step):
     return result
 
 
-def op_prefill(step, device, positions_dtype=torch.int64, strided_tables=False):
+def op_prefill(step, device, positions_dtype=torch.int64, strided_tables=False, alloc=None):
+    """The step through the ops; alloc(n, fill) makes each output (default: fresh_buffers)."""
+    alloc = alloc or fresh_buffers(device)
     x = step.tensors(device, positions_dtype, strided_tables)
     num_tokens = len(step.positions)
-    ptrs = {name: torch.full((num_tokens + 1,), -1, dtype=torch.int32, device=device) for name in PREFILL_BUFFERS}
-    prefix = torch.full((num_tokens,), -1, dtype=torch.int32, device=device)
+    ptrs = {name: alloc(num_tokens + 1, -1) for name in PREFILL_BUFFERS}
+    prefix = alloc(num_tokens, -1)
     ukv_torch.prefill_index_metadata(x.positions, x.batch_id, x.chunk_start, x.n_csa, x.n_hca, ptrs["extend"],
                                      ptrs["swa"], ptrs["csa"], ptrs["hca"], prefix, window=step.window,
                                      index_topk=step.index_topk, csa_ratio=step.csa_ratio,
                                      hca_ratio=step.hca_ratio)
-    out = {name: output_buffer(ptrs[name].tolist(), device) for name in PREFILL_BUFFERS}
+    out = {name: output(alloc, ptrs[name]) for name in PREFILL_BUFFERS}
     ukv_torch.paged_prefill_indices(x.positions, x.batch_id, x.chunk_start, x.query_start, x.n_hca, x.swa_table,
                                     x.hca_table, ptrs["extend"], ptrs["swa"], ptrs["csa"], ptrs["hca"],
                                     out["extend"], out["swa"], out["csa"], out["hca"],

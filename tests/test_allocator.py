@@ -161,6 +161,16 @@ def test_slot_counts_rejects_bad_arguments_by_name(args, argument):
         slot_counts(*args)
 
 
+@pytest.mark.parametrize("args", [(2**63 - 1, 1, [32], 128), (2**63 - 1, 2**63 - 1, [1], 128),
+                                  (1, 2**63 - 1, [128], 128)])
+def test_slot_counts_past_int64_are_refused_not_wrapped(args):
+    """Regression: num_swa_blocks + the own slots overflowed int64 and came back negative."""
+    with pytest.raises(ValueError, match="int32 row limit"):
+        slot_counts(*args)
+    with pytest.raises(ValueError, match="int32 row limit"):
+        torch.ops.ukv.layer_rows(128 // args[2][0], args[0], args[1], 128, True)
+
+
 # --------------------------------------------------------------------------
 # One type's pool (SPEC.md §1.5.2)
 

@@ -122,3 +122,14 @@ def test_argument_on_the_wrong_device():
                 continue
             with pytest.raises(RuntimeError, match=rf"{op_label(call_name)}: {name} must be on cuda"):
                 call(call_name, {**tensors, name: t.cpu()}, scalars)
+
+
+def test_argument_on_the_meta_device():
+    """Regression: one meta argument among CPU ones used to dispatch to the fake
+    kernel and return without writing the real outputs."""
+    for call_name, (tensors, scalars) in valid_calls("cpu").items():
+        for name, t in tensors.items():
+            if t is None:
+                continue
+            with pytest.raises(RuntimeError, match=rf"{op_label(call_name)}: {name} must be on cpu .*got meta"):
+                call(call_name, {**tensors, name: t.to("meta")}, scalars)

@@ -278,6 +278,35 @@ def test_bad_inputs_raise_naming_the_problem_and_change_nothing(call):
     m.check_invariants()
 
 
+def test_counts_near_int64_max_are_refused_not_wrapped():
+    """Regression: num_computed + a count near INT64_MAX wrapped, passed the
+    check and corrupted the sequence; a sum of decode counts wrapped too."""
+    m = started()
+    m.ensure_for_tokens([1], [100])
+    m.commit_prefill([1], [100])
+    m.append([2], 2)
+    before = state(m)
+    for call in (lambda: m.ensure_for_tokens([1], [2**63 - 1]), lambda: m.commit_prefill([1], [2**63 - 1]),
+                 lambda: m.commit_prefill([1], [2**63 - 1], [5])):
+        with pytest.raises(ValueError, match="exceed"):
+            call()
+    with pytest.raises(ValueError, match=r"sum\(counts\)"):
+        m.commit_decode([2, 2], [2**62, 2**62], [])
+    assert state(m) == before
+    m.check_invariants()
+
+
+def test_wrapper_token_lists_out_of_int32_are_refused_naming_tokens():
+    """Regression: the wrapper's int32 conversion failed first, with an overflow error naming nothing."""
+    m = started()
+    before = state(m)
+    with pytest.raises(ValueError, match=r"tokens values must be in \[0, 2\^31 - 1\]"):
+        m.allocate(5, [1, 2**40])
+    with pytest.raises(ValueError, match="tokens values"):
+        m.can_allocate([2**31])
+    assert state(m) == before
+
+
 def test_bad_constructor_options():
     with pytest.raises(ValueError, match="unknown option"):
         torch.classes.ukv.KvManager({"num_logical_blocks": 4, "bogus": 1}, [32, 1], [], 0.5, "")
@@ -376,38 +405,81 @@ def test_stats_count_admissions_hits_and_refusals():
 
 
 # ----------------------------------------------------------------- threads --
-def test_threads_on_one_manager_keep_it_consistent():
+def serve(m, worker, errors, requests=15):
+    """One serving thread's run: admit, prefill in chunks, decode, finish; failures go to errors."""
+    try:
+        rng = random.Random(worker)
+        for r in range(requests):
+            sid = worker * 1000 + r
+            toks = tokens(rng.randrange(50, 400), worker * 100 + r)
+            assert m.allocate(sid, toks) >= 0  # 4 live sequences at most: always room
+            prefill(m, sid, toks, chunk=100)
+            for _ in range(rng.randrange(1, 20)):
+                if m.can_append([sid]) == 1:
+                    m.append([sid])
+                    m.commit_decode([sid], [1], [3])
+            if worker == 0:
+                m.stage([sid])
+            m.deallocate([sid])
+    except Exception as exc:  # reported by the test, with the thread's failure
+        errors.append(exc)
+
+
+def run_threads(targets):
     import threading
-    m = manager(True, num_logical_blocks=64, num_swa_blocks=48, max_num_seqs=16)
-    errors = []
-
-    def serve(worker):
-        try:
-            rng = random.Random(worker)
-            for r in range(15):
-                sid = worker * 1000 + r
-                toks = tokens(rng.randrange(50, 400), worker * 100 + r)
-                assert m.allocate(sid, toks) >= 0  # 4 live sequences at most: always room
-                prefill(m, sid, toks, chunk=100)
-                for _ in range(rng.randrange(1, 20)):
-                    if m.can_append([sid]) == 1:
-                        m.append([sid])
-                        m.commit_decode([sid], [1], [3])
-                if worker == 0:
-                    m.stage([sid])
-                m.deallocate([sid])
-        except Exception as exc:  # reported below, with the thread's failure
-            errors.append(exc)
-
-    threads = [threading.Thread(target=serve, args=(w,)) for w in range(4)]
+    threads = [threading.Thread(target=target) for target in targets]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+
+
+def test_threads_on_one_manager_keep_it_consistent():
+    m = manager(True, num_logical_blocks=64, num_swa_blocks=48, max_num_seqs=16)
+    errors = []
+    run_threads([lambda w=w: serve(m, w, errors) for w in range(4)])
     assert errors == []
     m.check_invariants()
     st = m.stats()
     assert (st["admissions"], st["num_sequences"], st["free_logical_blocks"], st["held_swa_slots"]) == (60, 0, 64, 0)
+
+
+def test_observers_and_cache_clearing_beside_serving_threads_see_whole_states():
+    """Three serving threads and one that reads, pickles, clears the cache and
+    restages meanwhile: every snapshot it took is a consistent manager state
+    (each call holds the manager's lock), and the run ends clean."""
+    import pickle
+    import sys
+    m = manager(True, num_logical_blocks=64, num_swa_blocks=48, max_num_seqs=16)
+    errors, snapshots, done = [], [], []
+
+    def observe():
+        rng = random.Random(9)
+        try:
+            while not done:
+                m.stats(), m.take_events(), m.can_allocate(tokens(rng.randrange(1, 300), 5))
+                m.check_invariants()
+                snapshots.append(pickle.dumps(m))
+                if rng.random() < 0.3:
+                    m.clear_cache()
+                m.torch_object.invalidate_staging()
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often, inside the Python glue of every call
+    try:
+        workers = [lambda w=w: serve(m, w, errors) for w in range(3)]
+        run_threads([lambda: (run_threads(workers), done.append(True)), observe])
+    finally:
+        sys.setswitchinterval(previous)
+    assert errors == [] and len(snapshots) > 10
+    for blob in snapshots:
+        pickle.loads(blob).check_invariants()
+    m.clear_cache()
+    m.check_invariants()
+    st = m.stats()
+    assert (st["admissions"], st["num_sequences"], st["free_logical_blocks"], st["held_swa_slots"]) == (45, 0, 64, 0)
 
 
 # ----------------------------------------------------------------- staging --

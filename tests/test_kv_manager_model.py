@@ -319,15 +319,18 @@ class Serving:
             for t in range(len(self.ks)):
                 assert host[r, 2 + t].tolist() == phys[t] + pad
 
+    def step(self):
+        while len(self.waiting) < 3:
+            self.waiting.append(self.new_request())
+        self.admit()
+        self.prefill_step()
+        self.decode_step()
+        self.check_ownership()
+        self.stage_and_compare()
+
     def run(self, steps):
         for _ in range(steps):
-            while len(self.waiting) < 3:
-                self.waiting.append(self.new_request())
-            self.admit()
-            self.prefill_step()
-            self.decode_step()
-            self.check_ownership()
-            self.stage_and_compare()
+            self.step()
         self.release(list(self.seqs))
         self.check_nothing_leaks()
 

@@ -6,12 +6,43 @@ no output to shape; it states the token-count rules between the arguments with
 tracing (with symbolic sizes, as a guard) rather than inside a replayed graph.
 Everything else (dtypes, strides, scalar ranges) is checked by the one C++
 validation function of each op when the real kernel runs.
+
+A call mixing real tensors with meta tensors also dispatches here (Meta wins
+the dispatch), and would return without writing its real outputs; so every
+fake first requires all its tensors on one device, naming the odd one out,
+with the C++ checks' wording.
 ``bind_compress_view`` needs no fake: it is CompositeImplicitAutograd and
 traces as aten views.
 
 Imported by ``ukv_torch/__init__.py`` after ``_C`` has registered the schemas.
 """
+import functools
+import inspect
+
 import torch
+
+
+def _check_one_device(op, arguments):
+    """Every tensor argument on one device: the first non-meta one's, else meta."""
+    tensors = {name: t for name, t in arguments.items() if isinstance(t, torch.Tensor)}
+    devices = [t.device for t in tensors.values()]
+    expected = next((d for d in devices if d.type != "meta"), devices[0] if devices else None)
+    for name, t in tensors.items():
+        if t.device != expected:
+            raise RuntimeError(f"{op}: {name} must be on {expected} like the other arguments, got {t.device}")
+
+
+def _register_fake(op):
+    """torch.library.register_fake for ukv::op, with the one-device check first."""
+    def register(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def checked(*args, **kwargs):
+            _check_one_device(op, signature.bind(*args, **kwargs).arguments)
+            return fn(*args, **kwargs)
+        return torch.library.register_fake(f"ukv::{op}")(checked)
+    return register
 
 
 def _check_tokens(batch_id, per_token=(), indptrs=()):
@@ -24,19 +55,19 @@ def _check_tokens(batch_id, per_token=(), indptrs=()):
             torch._check(t.shape[0] == num_tokens + 1, lambda: "indptrs must have len(batch_id) + 1 entries")
 
 
-@torch.library.register_fake("ukv::csa_translate_pack")
+@_register_fake("csa_translate_pack")
 def _csa_translate_pack(topk_local, block_table, positions, batch_id, kv_indptr, skip_per_token, kv_indices, *,
                         compress_base, window=0, compress_ratio=4, block_size=128):
     _check_tokens(batch_id, per_token=(topk_local, positions, skip_per_token), indptrs=(kv_indptr,))
 
 
-@torch.library.register_fake("ukv::paged_decode_indices")
+@_register_fake("paged_decode_indices")
 def _paged_decode_indices(swa_block_table, positions, batch_id, swa_indptr, swa_indices, csa_indptr=None,
                           csa_indices=None, hca_indptr=None, hca_indices=None, *, window, block_size=128):
     _check_tokens(batch_id, per_token=(positions,), indptrs=(swa_indptr, csa_indptr, hca_indptr))
 
 
-@torch.library.register_fake("ukv::hca_decode_indices")
+@_register_fake("hca_decode_indices")
 def _hca_decode_indices(hca_block_table, batch_id, n_committed_hca, hca_indptr, hca_indices, *, compress_base,
                         compress_ratio=128, block_size=128):
     _check_tokens(batch_id, indptrs=(hca_indptr,))
@@ -44,7 +75,7 @@ def _hca_decode_indices(hca_block_table, batch_id, n_committed_hca, hca_indptr, 
                  lambda: "n_committed_hca needs one entry per block-table row")
 
 
-@torch.library.register_fake("ukv::paged_prefill_indices")
+@_register_fake("paged_prefill_indices")
 def _paged_prefill_indices(positions, batch_id, chunk_start, query_start, n_committed_hca, swa_block_table,
                            hca_block_table, extend_indptr, swa_indptr, csa_indptr, hca_indptr, extend_indices,
                            swa_indices, csa_indices, hca_indices, *, compress_base, window, compress_ratio=128,
@@ -55,7 +86,7 @@ def _paged_prefill_indices(positions, batch_id, chunk_start, query_start, n_comm
         torch._check(t.shape[0] == num_seqs, lambda: "per-sequence tensors need one entry per block-table row")
 
 
-@torch.library.register_fake("ukv::decode_index_metadata")
+@_register_fake("decode_index_metadata")
 def _decode_index_metadata(positions, batch_id, n_committed_csa, n_committed_hca, swa_indptr, csa_indptr,
                            hca_indptr, *, window, index_topk, csa_ratio=4):
     _check_tokens(batch_id, per_token=(positions,), indptrs=(swa_indptr, csa_indptr, hca_indptr))
@@ -63,7 +94,7 @@ def _decode_index_metadata(positions, batch_id, n_committed_csa, n_committed_hca
                  lambda: "n_committed_csa and n_committed_hca need one entry per sequence")
 
 
-@torch.library.register_fake("ukv::prefill_index_metadata")
+@_register_fake("prefill_index_metadata")
 def _prefill_index_metadata(positions, batch_id, chunk_start, n_committed_csa, n_committed_hca, extend_indptr,
                             swa_indptr, csa_indptr, hca_indptr, prefix_swa_count, *, window, index_topk,
                             csa_ratio=4, hca_ratio=128):

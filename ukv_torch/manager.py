@@ -33,7 +33,10 @@ def _ids(x: IntsLike) -> torch.Tensor:
 
 
 def _tokens(x: IntsLike) -> torch.Tensor:
-    return x if isinstance(x, torch.Tensor) else torch.tensor(list(x), dtype=torch.int32)
+    # int64, which the torch class narrows to int32 checking each value, so an
+    # out-of-range token is refused naming the argument instead of failing
+    # the conversion here with an anonymous overflow error.
+    return x if isinstance(x, torch.Tensor) else torch.tensor(list(x), dtype=torch.int64)
 
 
 class KvManager:

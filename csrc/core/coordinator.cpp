@@ -35,8 +35,8 @@ Coordinator::Coordinator(int64_t num_swa_base, std::vector<CompressTypeSpec> typ
   available_unreleased_ = num_swa_base;
 }
 
-const TypePool& Coordinator::pool(int64_t type) const {
-  check_type(type, "pool");
+const TypePool& Coordinator::pool(int64_t type, const char* what) const {
+  check_type(type, what);
   return pools_[static_cast<size_t>(type)];
 }
 
@@ -135,8 +135,10 @@ std::vector<int64_t> Coordinator::alloc_swa_n(int64_t n) {
 }
 
 void Coordinator::free_swa_many(const int64_t* slots, size_t n) {
-  for (size_t i = 0; i < n; ++i)
+  for (size_t i = 0; i < n; ++i) {
+    check_swa_slot(slots[i], "free_swa_many");
     require<StateError>(swa_slot_is_held(slots[i]), "free_swa_many: SWA slot ", slots[i], " is not held by SWA");
+  }
   require_distinct(slots, n, "free_swa_many");
   for (size_t i = 0; i < n; ++i) free_swa(slots[i]);
 }
@@ -156,7 +158,8 @@ void Coordinator::free_compress_many(int64_t type, const int64_t* ids, size_t n)
   check_type(type, "free_compress_many");
   const TypePool& p = pools_[static_cast<size_t>(type)];
   for (size_t i = 0; i < n; ++i)
-    require<StateError>(p.compress_id_is_held(ids[i]), "free_compress_many: compress id ", ids[i], " is not held");
+    require<StateError>(p.compress_id_is_held(ids[i], "free_compress_many"), "free_compress_many: compress id ",
+                        ids[i], " is not held");
   require_distinct(ids, n, "free_compress_many");
   for (size_t i = 0; i < n; ++i) free_compress(type, ids[i]);
 }

@@ -52,7 +52,8 @@ class Coordinator {
   int64_t block_size() const { return block_size_; }
   int64_t num_types() const { return static_cast<int64_t>(pools_.size()); }
   bool enabled() const { return num_swa_base_ > 0; }
-  const TypePool& pool(int64_t type) const;
+  // what: the public operation asking, named by a range error.
+  const TypePool& pool(int64_t type, const char* what = "pool") const;
 
   // --- SWA role ---
   int64_t alloc_swa();
@@ -71,8 +72,10 @@ class Coordinator {
   // --- compress role ---
   int64_t alloc_compress(int64_t type);
   void free_compress(int64_t type, int64_t phys);
-  bool has_free_compress(int64_t type, int64_t n) const { return pool(type).has_free_compress(n); }
-  int64_t free_compress_blocks(int64_t type) const { return pool(type).free_compress_blocks(); }
+  bool has_free_compress(int64_t type, int64_t n) const { return pool(type, "has_free_compress").has_free_compress(n); }
+  int64_t free_compress_blocks(int64_t type) const {
+    return pool(type, "free_compress_blocks").free_compress_blocks();
+  }
   std::vector<int64_t> alloc_compress_n(int64_t type, int64_t n);         // all-or-nothing
   void free_compress_many(int64_t type, const int64_t* ids, size_t n);    // validated first
 

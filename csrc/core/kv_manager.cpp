@@ -29,8 +29,10 @@ KvManagerConfig validated(KvManagerConfig c) {
   require(c.retention_interval >= 0, "retention_interval must be >= 0, got ", c.retention_interval);
   require(c.checkpoint_frac >= 0.0 && c.checkpoint_frac <= 1.0, "checkpoint_frac must be in [0, 1], got ",
           c.checkpoint_frac);
-  require(c.num_logical_blocks <= kMaxRows && c.num_swa_blocks <= kMaxRows / c.block_size,
-          "block counts exceed the int32 id/row limit");
+  require(c.num_logical_blocks <= kMaxRows, "num_logical_blocks ", c.num_logical_blocks,
+          " exceeds the int32 id limit ", kMaxRows);
+  require(c.num_swa_blocks <= kMaxRows / c.block_size, "num_swa_blocks ", c.num_swa_blocks, " x block_size ",
+          c.block_size, " exceeds the int32 row limit ", kMaxRows);
   for (int64_t k : c.compress_ks)
     require(k > 0 && k <= c.block_size && c.block_size % k == 0, "compress_ks: each k must divide block_size ",
             c.block_size, ", got ", k);
@@ -390,7 +392,8 @@ void KvManager::check_ensure(int64_t seq_id, int64_t num_new_tokens) const {
   const Sequence& s = seq(seq_id);
   require(!is_decoding(s), "ensure_for_tokens: sequence ", seq_id, " is decoding (its prompt is computed and sampled)");
   require(num_new_tokens >= 0, "ensure_for_tokens: counts must be >= 0, got ", num_new_tokens);
-  require(s.num_computed + num_new_tokens <= static_cast<int64_t>(s.tokens.size()), "ensure_for_tokens: ",
+  // Compared as a difference: num_computed + a count near INT64_MAX would wrap and pass.
+  require(num_new_tokens <= static_cast<int64_t>(s.tokens.size()) - s.num_computed, "ensure_for_tokens: ",
           num_new_tokens, " new tokens from ", s.num_computed, " exceed the ", s.tokens.size(),
           " known tokens of sequence ", seq_id);
   require(!cfg_.full_retain || num_new_tokens <= cfg_.max_num_batched_tokens, "ensure_for_tokens: a chunk of ",
@@ -481,10 +484,10 @@ void KvManager::check_commit_prefill(int64_t seq_id, int64_t num_tokens, int32_t
   const auto known = static_cast<int64_t>(s.tokens.size());
   require(!is_decoding(s), "commit_prefill: sequence ", seq_id, " is decoding (its prompt is computed and sampled)");
   require(num_tokens >= 0, "commit_prefill: counts must be >= 0, got ", num_tokens);
-  require(s.num_computed + num_tokens <= known, "commit_prefill: ", num_tokens, " tokens from ", s.num_computed,
-          " exceed the ", known, " known tokens of sequence ", seq_id);
+  require(num_tokens <= known - s.num_computed, "commit_prefill: ", num_tokens, " tokens from ", s.num_computed,
+          " exceed the ", known, " known tokens of sequence ", seq_id);  // a difference: a sum could wrap
   require(sampled >= -1, "commit_prefill: sampled must be a token id >= 0 or -1 (none), got ", sampled);
-  require(sampled < 0 || s.num_computed + num_tokens == known,
+  require(sampled < 0 || num_tokens == known - s.num_computed,
           "commit_prefill: a sampled token can only follow the prompt's last chunk (sequence ", seq_id, ")");
 }
 
@@ -701,7 +704,8 @@ void KvManager::check_invariants() const {
     require<StateError>(static_cast<int64_t>(len) <= cfg_.max_blocks_per_seq, "sequence ", id, " exceeds max_blocks_per_seq");
     require<StateError>(static_cast<int64_t>(len) * cfg_.block_size >= s.num_computed, "sequence ", id,
                         ": computed tokens not covered by blocks");
-    require<StateError>(s.num_computed <= static_cast<int64_t>(s.tokens.size()), "sequence ", id, ": computed > known");
+    require<StateError>(s.num_computed >= 0 && s.num_computed <= static_cast<int64_t>(s.tokens.size()), "sequence ",
+                        id, ": computed outside [0, known]");
     int64_t held = 0;
     for (size_t i = 0; i < len; ++i) {
       const int32_t b = s.logical[i];

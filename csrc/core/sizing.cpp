@@ -45,6 +45,9 @@ int64_t unified_type_slots(int64_t num_swa_blocks, int64_t num_compress_blocks, 
           block_size, ", got ", k);
   const int64_t blocks_per_slot = block_size / k;
   const int64_t own = num_compress_blocks / blocks_per_slot + (num_compress_blocks % blocks_per_slot != 0);
+  // Each part within the row limit first, so their sum cannot overflow int64.
+  rows_product(num_swa_blocks, block_size, "SWA region");
+  rows_product(own, block_size, "unified type tensor");
   const int64_t slots = num_swa_blocks + own;
   rows_product(slots, block_size, "unified type tensor");
   return slots;

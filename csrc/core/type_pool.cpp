@@ -60,12 +60,16 @@ void TypePool::check_compress_id(int64_t phys, const char* what) const {
           num_compress_ids(), ")");
 }
 
-SlotOwner TypePool::owner(int64_t slot) const {
-  check_slot(slot, "owner");
+SlotOwner TypePool::owner_of(int64_t slot, const char* what) const {
+  check_slot(slot, what);
   return owner_[static_cast<size_t>(slot)];
 }
 
-bool TypePool::slot_is_free(int64_t slot) const { return owner(slot) == SlotOwner::Free; }
+SlotOwner TypePool::owner(int64_t slot) const { return owner_of(slot, "owner"); }
+
+bool TypePool::slot_is_free(int64_t slot) const { return owner_of(slot, "slot_is_free") == SlotOwner::Free; }
+
+bool TypePool::is_free_swa(int64_t slot) const { return owner_of(slot, "is_free_swa") == SlotOwner::Free; }
 
 void TypePool::take_free_slot(int64_t slot, SlotOwner to) {
   free_list_of(slot).erase(slot);
@@ -82,13 +86,13 @@ void TypePool::put_free_slot(int64_t slot) {
 }
 
 bool TypePool::reserve_slot(int64_t slot) {
-  if (!slot_is_free(slot)) return false;
+  if (owner_of(slot, "reserve_slot") != SlotOwner::Free) return false;
   take_free_slot(slot, SlotOwner::Reserved);
   return true;
 }
 
 void TypePool::release_slot(int64_t slot) {
-  const SlotOwner o = owner(slot);
+  const SlotOwner o = owner_of(slot, "release_slot");
   if (o == SlotOwner::Free) return;
   require<StateError>(o == SlotOwner::Reserved, "release_slot: slot ", slot, " is held by ", slot_owner_name(o),
                       ", not reserved");
@@ -107,7 +111,7 @@ int64_t TypePool::alloc_swa() {
 }
 
 void TypePool::free_swa(int64_t slot) {
-  const SlotOwner o = owner(slot);
+  const SlotOwner o = owner_of(slot, "free_swa");
   require<StateError>(o == SlotOwner::Swa, "free_swa: slot ", slot, " is ", slot_owner_name(o),
                       ", not held by SWA (double free?)");
   put_free_slot(slot);
@@ -115,7 +119,7 @@ void TypePool::free_swa(int64_t slot) {
 }
 
 void TypePool::claim_swa(int64_t slot) {
-  const SlotOwner o = owner(slot);
+  const SlotOwner o = owner_of(slot, "claim_swa");
   require<StateError>(o == SlotOwner::Free, "claim_swa: slot ", slot, " is ", slot_owner_name(o), ", not free");
   take_free_slot(slot, SlotOwner::Swa);
   ++counters_.swa_allocs;
@@ -132,7 +136,8 @@ std::vector<int64_t> TypePool::alloc_swa_n(int64_t n) {
 
 void TypePool::free_swa_many(const int64_t* slots, size_t n) {
   for (size_t i = 0; i < n; ++i)
-    require<StateError>(owner(slots[i]) == SlotOwner::Swa, "free_swa_many: slot ", slots[i], " is not held by SWA");
+    require<StateError>(owner_of(slots[i], "free_swa_many") == SlotOwner::Swa, "free_swa_many: slot ", slots[i],
+                        " is not held by SWA");
   require_distinct(slots, n, "free_swa_many");
   for (size_t i = 0; i < n; ++i) free_swa(slots[i]);
 }
@@ -150,7 +155,8 @@ std::vector<int64_t> TypePool::alloc_compress_n(int64_t n) {
 
 void TypePool::free_compress_many(const int64_t* ids, size_t n) {
   for (size_t i = 0; i < n; ++i)
-    require<StateError>(compress_id_is_held(ids[i]), "free_compress_many: compress id ", ids[i], " is not held");
+    require<StateError>(compress_id_is_held(ids[i], "free_compress_many"), "free_compress_many: compress id ", ids[i],
+                        " is not held");
   require_distinct(ids, n, "free_compress_many");
   for (size_t i = 0; i < n; ++i) free_compress(ids[i]);
 }
@@ -178,8 +184,8 @@ int64_t TypePool::first_free_sub(int64_t slot) const {
   return -1;
 }
 
-bool TypePool::compress_id_is_held(int64_t phys) const {
-  check_compress_id(phys, "compress_id_is_held");
+bool TypePool::compress_id_is_held(int64_t phys, const char* what) const {
+  check_compress_id(phys, what);
   const int64_t slot = phys / blocks_per_slot_;
   return owner_[static_cast<size_t>(slot)] == SlotOwner::Compress && !sub_is_free(slot, phys % blocks_per_slot_);
 }

@@ -63,7 +63,7 @@ class TypePool {
   int64_t alloc_swa();
   void free_swa(int64_t slot);
   void claim_swa(int64_t slot);  // take a specific free slot (cache-hit reclaim)
-  bool is_free_swa(int64_t slot) const { return slot_is_free(slot); }
+  bool is_free_swa(int64_t slot) const;
   bool has_free_swa(int64_t n) const;
   std::vector<int64_t> alloc_swa_n(int64_t n);              // all-or-nothing
   void free_swa_many(const int64_t* slots, size_t n);       // validated first
@@ -75,7 +75,8 @@ class TypePool {
   // Returns true when the block's slot became free (its last block was freed).
   bool free_compress(int64_t phys);
   bool has_free_compress(int64_t n) const;
-  bool compress_id_is_held(int64_t phys) const;
+  // what: the public operation asking, named by a range error.
+  bool compress_id_is_held(int64_t phys, const char* what = "compress_id_is_held") const;
   std::vector<int64_t> alloc_compress_n(int64_t n);         // all-or-nothing
   void free_compress_many(const int64_t* ids, size_t n);    // validated first
 
@@ -100,6 +101,7 @@ class TypePool {
 
  private:
   void check_slot(int64_t slot, const char* what) const;
+  SlotOwner owner_of(int64_t slot, const char* what) const;  // range-checked, errors name `what`
   void check_compress_id(int64_t phys, const char* what) const;
   SlotList& free_list_of(int64_t slot) { return slot < shared_slots_ ? shared_free_ : own_free_; }
   void take_free_slot(int64_t slot, SlotOwner to);

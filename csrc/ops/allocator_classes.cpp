@@ -180,10 +180,10 @@ bool CoordinatorHolder::can_allocate_jointly(int64_t n_swa, std::vector<int64_t>
 
 std::vector<int64_t> CoordinatorHolder::take_evicted_swa() { return locked([&] { return coord_.take_evicted_swa(); }); }
 std::string CoordinatorHolder::owner(int64_t type, int64_t slot) {
-  return locked([&] { return owner_str(coord_.pool(type).owner(slot)); });
+  return locked([&] { return owner_str(coord_.pool(type, "owner").owner(slot)); });
 }
 bool CoordinatorHolder::pool_slot_is_free(int64_t type, int64_t slot) {
-  return locked([&] { return coord_.pool(type).slot_is_free(slot); });
+  return locked([&] { return coord_.pool(type, "pool_slot_is_free").slot_is_free(slot); });
 }
 
 c10::Dict<std::string, int64_t> CoordinatorHolder::counters() {

@@ -122,8 +122,15 @@ void KvManagerHolder::commit_decode(const at::Tensor& seq_ids, const at::Tensor&
   const at::Tensor ids = int64_arg(seq_ids, "seq_ids"), n = int64_arg(counts, "counts");
   const at::Tensor t = token_arg(tokens, "tokens");
   require_same_length(ids, "seq_ids", n, "counts");
-  int64_t total = 0;  // a loop, not sum().item(): this runs every decode step
-  for (int64_t i = 0; i < n.numel(); ++i) total += n.data_ptr<int64_t>()[i];
+  // A loop, not sum().item(): this runs every decode step. Counts outside
+  // [0, tokens left] are refused as they come, so the sum never wraps.
+  int64_t total = 0;
+  for (int64_t i = 0; i < n.numel(); ++i) {
+    const int64_t count = n.data_ptr<int64_t>()[i];
+    TORCH_CHECK_VALUE(count >= 0 && count <= t.numel() - total, "tokens must hold sum(counts) tokens (",
+                      t.numel(), " given); counts[", i, "] = ", count, " after ", total);
+    total += count;
+  }
   TORCH_CHECK_VALUE(total == t.numel(), "tokens must hold sum(counts) = ", total, " tokens, got ", t.numel());
   locked([&] {
     manager_->commit_decode(ids.data_ptr<int64_t>(), n.data_ptr<int64_t>(), t.data_ptr<int32_t>(), ids.numel());

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "core/errors.h"
 #include "core/sizing.h"
 
@@ -34,6 +36,11 @@ TEST(Sizing, RefusesOverflowAndBadArguments) {
   EXPECT_THROW(slot_counts(-1, 1, {32}, 128), InvalidArgument);
   EXPECT_THROW(slot_counts(1, 1, {0}, 128), InvalidArgument);
   EXPECT_THROW(layer_rows_for_slots(4, 3, 4, 128), InvalidArgument);
+  // Parts whose int64 sum would wrap are refused before they are added.
+  constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+  EXPECT_THROW(slot_counts(kInt64Max, 1, {32}, 128), InvalidArgument);
+  EXPECT_THROW(slot_counts(1, kInt64Max, {128}, 128), InvalidArgument);
+  EXPECT_THROW(layer_rows(Layout::Unified, 1, 1, kInt64Max, 128), InvalidArgument);
   EXPECT_EQ(layer_rows(Layout::Unified, 4, 0, (int64_t{1} << 24) - 4 * 0, 128), (int64_t{1} << 22) * 128);
 }
 
