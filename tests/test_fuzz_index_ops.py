@@ -108,7 +108,7 @@ def change_tensor(data, call_name, name, t):
     if kind == "rank":
         return (t.flatten() if t.dim() == 2 else t.unsqueeze(0)), refusal(ValueError, "must (be|have)")
     if kind == "meta":
-        return t.to("meta"), refusal(RuntimeError, "must be on cpu")
+        return t.to("meta"), refusal(RuntimeError, f"must be on {t.device}")
     if kind == "stride":
         return torch.repeat_interleave(t, 2)[::2], refusal(ValueError, "must be contiguous")
     if kind == "layout":  # column-major, or the leading columns of a wider table

@@ -51,9 +51,6 @@ UKV_DEVICE void build_indptrs(int32_t num_tokens, const CountsAt& counts_at, int
   const int32_t lo = min_i32(threadIdx.x * per_thread, num_tokens);
   const int32_t hi = min_i32(lo + per_thread, num_tokens);
   int32_t running[kFields] = {};
-  // Unrolled so that several tokens' loads (a batch id, then its sequence's
-  // counts) are in flight at once; a rolled loop waits for each in turn.
-#pragma unroll 8
   for (int32_t t = lo; t < hi; ++t) {
     const auto c = counts_at(t);
 #pragma unroll
@@ -64,7 +61,6 @@ UKV_DEVICE void build_indptrs(int32_t num_tokens, const CountsAt& counts_at, int
 #pragma unroll
     for (int f = 0; f < kFields; ++f) indptr[f][0] = 0;
   }
-#pragma unroll 8
   for (int32_t t = lo; t < hi; ++t) {
     const auto c = counts_at(t);
 #pragma unroll
@@ -97,7 +93,6 @@ __global__ void prefill_index_metadata_kernel(PrefillMetadataParams p) {
   };
   int32_t* const indptr[4] = {p.extend_indptr, p.swa_indptr, p.csa_indptr, p.hca_indptr};
   build_indptrs<4>(p.num_tokens, counts_at, indptr);
-#pragma unroll 4
   for (int32_t t = threadIdx.x; t < p.num_tokens; t += blockDim.x)
     p.prefix_swa_count[t] = prefill_token_counts(p, t).prefix_swa;
 }
