@@ -123,7 +123,8 @@ def change_tensor(data, call_name, name, t):
             changed[i], padded[i] = b, -1
         return changed, ("as", padded)
     rng = random.Random(data.draw(st.integers(0, 2**32), label="garbage seed"))  # tensors can be large
-    garbage = torch.tensor([rng.randint(INT32_MIN, INT32_MAX) for _ in range(t.numel())], dtype=t.dtype)
+    garbage = torch.tensor([rng.randint(INT32_MIN, INT32_MAX) for _ in range(t.numel())], dtype=t.dtype,
+                           device=t.device)
     return garbage.reshape(t.shape), ("confined",)
 
 
