@@ -46,12 +46,15 @@ TORCH_LIBRARY(ukv, m) {
                   [](std::vector<int64_t> state) { return TypePoolHolder::from_state(std::move(state)); });
 
   m.class_<CoordinatorHolder>("Coordinator")
-      .def(torch::init<int64_t, std::vector<int64_t>, std::vector<int64_t>, int64_t>(),
-           "option-2 coordinator: one shared SWA slot space, one slot pool per compress type",
-           {torch::arg("num_swa_base"), torch::arg("ks"), torch::arg("num_slots"), torch::arg("block_size") = 128})
+      .def(torch::init<int64_t, std::vector<int64_t>, std::vector<int64_t>, int64_t, bool>(),
+           "option-2 coordinator: one shared SWA slot space, one slot pool per compress type "
+           "(borrow_unreleased_swa: compress may also borrow SWA slots SWA never used)",
+           {torch::arg("num_swa_base"), torch::arg("ks"), torch::arg("num_slots"), torch::arg("block_size") = 128,
+            torch::arg("borrow_unreleased_swa") = false})
       .def("num_swa_base", &CoordinatorHolder::num_swa_base)
       .def("block_size", &CoordinatorHolder::block_size)
       .def("num_types", &CoordinatorHolder::num_types)
+      .def("borrow_unreleased_swa", &CoordinatorHolder::borrow_unreleased_swa)
       .def("ks", &CoordinatorHolder::ks)
       .def("type_slots", &CoordinatorHolder::type_slots)
       .def("alloc_swa", &CoordinatorHolder::alloc_swa)

@@ -25,7 +25,11 @@ same ids, answers and refusals call for call, so every order rule is explicit:
   * the Coordinator's SWA free FIFO holds the slots SWA may take now: a slot
     joins at the back when SWA frees it or when the last compress pool holding
     blocks in it frees them, and leaves when SWA takes it or a first compress
-    pool borrows it.
+    pool borrows it;
+  * with borrow_unreleased_swa, a compress allocation that finds no free block
+    in its pool at all first lends the last never-used slot of the SWA free
+    FIFO to every pool (it becomes released, with nothing cached), then
+    borrows it as usual.
 """
 from collections import OrderedDict
 
@@ -35,9 +39,9 @@ MAX_ROWS = 2**31 - 1  # row indices handed to kernels are int32
 FREE, RESERVED, SWA, COMPRESS = "free", "reserved", "swa", "compress"
 
 # The Coordinator's view of one shared SWA slot.
-AVAILABLE = "available"  # SWA's, reserved in every pool, never lent out since SWA last held it
+AVAILABLE = "available"  # never used by SWA, reserved in every pool
 HELD = "held"            # an SWA block lives in it
-RELEASED = "released"    # SWA freed it: compress pools may borrow it
+RELEASED = "released"    # SWA freed (or lent) it: compress pools may borrow it
 
 NO_FREE_SWA = "No free SWA slots available"  # upstream exhaustion texts
 NO_FREE_KV = "No free KV slots available"
@@ -318,7 +322,7 @@ class PoolModel:
 class CoordinatorModel:
     """The option-2 coordinator over any list of compress types (torch.classes.ukv.Coordinator)."""
 
-    def __init__(self, num_swa_base, ks, num_slots, block_size=128):
+    def __init__(self, num_swa_base, ks, num_slots, block_size=128, borrow_unreleased_swa=False):
         _require(len(ks) == len(num_slots), "num_slots")
         _require(num_swa_base >= 0, "num_swa_base")
         _require(block_size > 0, "block_size")
@@ -329,6 +333,7 @@ class CoordinatorModel:
             _require(slots >= num_swa_base, "num_slots")
             self.pools.append(PoolModel(slots, k, block_size, num_swa_base))
         self.num_swa_base, self.block_size = num_swa_base, block_size
+        self.borrow_unreleased_swa = borrow_unreleased_swa
         for pool in self.pools:  # compress starts in its own region
             for slot in range(num_swa_base):
                 pool.reserve_slot(slot)
@@ -336,7 +341,7 @@ class CoordinatorModel:
         self.swa_free = Fifo(range(num_swa_base))
         self.cached = set()  # released slots whose rows may still back a cached SWA block
         self.evicted = []    # evictions not yet taken by take_evicted_swa
-        self.counters = dict(swa_allocs=0, swa_frees=0, swa_claims=0, swa_evictions=0)
+        self.counters = dict(swa_allocs=0, swa_frees=0, swa_claims=0, swa_evictions=0, unreleased_borrows=0)
 
     def copy(self):
         clone = object.__new__(CoordinatorModel)
@@ -427,8 +432,24 @@ class CoordinatorModel:
             self.free_swa(slot)
 
     # --- compress role ---
+    def _lendable(self):
+        """Never-used free SWA slots, in SWA free FIFO order, that compress may be lent."""
+        if not self.borrow_unreleased_swa:
+            return []
+        return [slot for slot in self.swa_free if self.swa_role[slot] == AVAILABLE]
+
+    def _lend(self, slot):
+        for pool in self.pools:
+            pool.release_slot(slot)
+        self.swa_role[slot] = RELEASED  # nothing cached: SWA never wrote it
+        self.counters["unreleased_borrows"] += 1
+
     def alloc_compress(self, type_index):
-        phys, opened = self._pool(type_index).take_compress_block()
+        pool = self._pool(type_index)
+        lendable = self._lendable()
+        if pool.free_compress_blocks() == 0 and lendable:
+            self._lend(lendable[-1])  # the one SWA would take last
+        phys, opened = pool.take_compress_block()
         if opened is not None and opened < self.num_swa_base:
             assert self.swa_role[opened] == RELEASED
             if self._pools_holding_compress(opened) == 1:
@@ -447,15 +468,16 @@ class CoordinatorModel:
             self.swa_free.push(slot)  # the last borrower gave it back
 
     def has_free_compress(self, type_index, n=1):
-        return self._pool(type_index).has_free_compress(n)
+        return self._pool(type_index).num_slots == 0 or self.free_compress_blocks(type_index) >= n
 
     def free_compress_blocks(self, type_index):
-        return self._pool(type_index).free_compress_blocks()
+        pool = self._pool(type_index)
+        return pool.free_compress_blocks() + len(self._lendable()) * pool.blocks_per_slot
 
     def alloc_compress_n(self, type_index, n):
-        pool = self._pool(type_index)
+        self._pool(type_index)
         _require(n >= 0, "n")
-        if n > pool.free_compress_blocks():
+        if n > self.free_compress_blocks(type_index):
             raise Exhausted(NO_FREE_KV)
         return [self.alloc_compress(type_index) for _ in range(n)]
 
@@ -506,10 +528,10 @@ class CoordinatorModel:
         """
         self.check_joint_demand(n_swa, compress_demand)
         swa_enabled = self.num_swa_base > 0
-        enabled = [(pool, d) for pool, d in zip(self.pools, compress_demand) if pool.num_slots > 0]
+        enabled = [(t, pool, d) for t, (pool, d) in enumerate(zip(self.pools, compress_demand)) if pool.num_slots > 0]
         must_refuse = (swa_enabled and n_swa > len(self.swa_free)) or any(
-            d > pool.free_compress_blocks() for pool, d in enabled)
-        no_borrowing = all(d <= _free_own_blocks(pool) for pool, d in enabled)
+            d > self.free_compress_blocks(t) for t, _, d in enabled)
+        no_borrowing = all(d <= _free_own_blocks(pool) for _, pool, d in enabled)
         must_admit = not must_refuse and (no_borrowing or n_swa == 0 or not swa_enabled)
         return must_admit, must_refuse
 

@@ -10,7 +10,9 @@ rules the C++ header documents, without looking at how the C++ computes them:
   compress type on true allocation; the binding is retained while the block is
   cached and freed when the block is reused (rebind). Compress takes open
   slots, then its own region, then borrows the longest-released shared slot;
-  borrowing a slot drops the SWA block cached there (H-a).
+  borrowing a slot drops the SWA block cached there (H-a). With
+  borrow_unreleased_swa, a type with no free block left is first lent the
+  never-used shared slot SWA would take last (nothing cached there).
 - The SWA pool: content-addressed blocks, -1 placeholders, the trailing-window
   hit gate, window-only or full-chunk materialisation, freeing with the
   computed length, sparse checkpoints pinned in an LRU.
@@ -195,8 +197,10 @@ class SharedSwaSpace:
     no pool has compress blocks in it).
     """
 
-    def __init__(self, num_swa: int, pools: List[SlotPool], on_evict):
+    def __init__(self, num_swa: int, pools: List[SlotPool], on_evict, borrow_unreleased: bool = False):
         self.num_swa, self.pools, self.on_evict = num_swa, pools, on_evict
+        self.borrow_unreleased = borrow_unreleased
+        self.unreleased_borrows = 0
         self.state = ["available"] * num_swa
         self.busy = [0] * num_swa          # pools with compress blocks in the slot
         self.cached = [False] * num_swa    # released slot may back a cached SWA block
@@ -208,6 +212,13 @@ class SharedSwaSpace:
 
     def available_unreleased(self):
         return sum(1 for s in self.swa_free if self.state[s] == "available")
+
+    def lendable(self):
+        """Never-used free slots a type may be lent, in SWA free-list order."""
+        return [s for s in self.swa_free if self.state[s] == "available"] if self.borrow_unreleased else []
+
+    def free_blocks(self, t):
+        return self.pools[t].free_blocks() + len(self.lendable()) * self.pools[t].bps
 
     def held(self):
         return self.state.count("held")
@@ -242,6 +253,13 @@ class SharedSwaSpace:
         self.swa_free.push_back(s)
 
     def alloc_compress(self, t):
+        lendable = self.lendable()
+        if self.pools[t].free_blocks() == 0 and lendable:
+            s = lendable[-1]
+            for p in self.pools:
+                p.release(s)
+            self.state[s] = "released"
+            self.unreleased_borrows += 1
         phys, opened = self.pools[t].alloc_compress()
         if opened is not None and opened < self.num_swa:
             if self.busy[opened] == 0:
@@ -270,14 +288,16 @@ class SharedSwaSpace:
         (those are the slots compress could borrow); each type must then find
         the shared slots it borrows among what is left in its own pool; and
         the pools together take at most the contested (released, free) slots
-        from under SWA. Freeing an extra slot gives a pool a shared slot only
+        from under SWA. With borrow_unreleased every never-used free slot is
+        contested too, and is room in every pool. Freeing an extra slot gives a pool a shared slot only
         if the pool was in it, and takes away the free blocks the pool had
         open there.
         """
         swa_free = len(self.swa_free) + len(extra_slots)
         if n_swa > swa_free:
             return False
-        contested = swa_free - self.available_unreleased()
+        lendable = len(self.lendable())
+        contested = swa_free - self.available_unreleased() + lendable
         swa_takes_released = min(n_swa, contested)
         borrows = 0
         for t, p in enumerate(self.pools):
@@ -287,7 +307,7 @@ class SharedSwaSpace:
             own_after = p.free_own_blocks() - sum(len(p.free_subs[s]) for s in freed_in_pool)
             beyond_own = demand - own_after
             borrow = ceil_div(beyond_own, p.bps) if beyond_own > 0 else 0
-            if borrow > len(p.shared_free) + len(freed_in_pool) - swa_takes_released:
+            if borrow > len(p.shared_free) + lendable + len(freed_in_pool) - swa_takes_released:
                 return False
             borrows += borrow
         return n_swa + min(borrows, contested) <= swa_free
@@ -394,7 +414,8 @@ def span_blocks(w: int, bs: int) -> int:
 class KvManagerModel:
     def __init__(self, *, num_logical_blocks, num_swa_blocks, block_size=128, window=128, mtp_k=0,
                  max_num_batched_tokens=8192, enable_prefix_caching=True, unified=True,
-                 compress_ks=(32, 1), type_slots=None, full_retain=False, retention_interval=0,
+                 compress_ks=(32, 1), type_slots=None, borrow_unreleased_swa=False, full_retain=False,
+                 retention_interval=0,
                  checkpoint_frac=0.5, max_num_seqs=256, max_blocks_per_seq=1024):
         bs = block_size
         self.bs, self.window, self.mtp_k = bs, window, mtp_k
@@ -428,7 +449,7 @@ class KvManagerModel:
             if type_slots is None:
                 type_slots = [num_swa_blocks + ceil_div(NB, bs // k) for k in self.ks]
             self.pools = [SlotPool(n, k, bs, num_swa_blocks) for n, k in zip(type_slots, self.ks)]
-            self.space = SharedSwaSpace(num_swa_blocks, self.pools, self._on_swa_evicted)
+            self.space = SharedSwaSpace(num_swa_blocks, self.pools, self._on_swa_evicted, borrow_unreleased_swa)
             self.owner_of = [dict() for _ in self.ks]    # [type] phys -> logical
             self.live_in_slot = [0] * num_swa_blocks     # live bindings per shared slot
             self.reclaimable = OrderedIds()              # busy shared slots with cached bindings only
@@ -848,8 +869,9 @@ class KvManagerModel:
         d.update(self.stat)
         if self.unified:
             d["swa_evictions"] = self.space.evictions
+            d["unreleased_borrows"] = self.space.unreleased_borrows
             for t, p in enumerate(self.pools):
-                d[f"type{t}_free_blocks"] = p.free_blocks()
+                d[f"type{t}_free_blocks"] = self.space.free_blocks(t)
                 d[f"type{t}_borrows"] = p.borrows
         return d
 

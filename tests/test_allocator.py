@@ -5,6 +5,7 @@ randomized test (test_allocator_model.py) covers the space between them."""
 import copy
 import itertools
 import math
+import pickle
 
 import pytest
 import torch
@@ -508,6 +509,22 @@ def test_the_torch_class_queues_evictions_in_order():
     assert c.take_evicted_swa() == []
 
 
+def test_the_torch_class_lends_never_used_swa_slots_only_when_asked():
+    upstream = torch.classes.ukv.Coordinator(2, [CSA_K], [3], 128)
+    lending = torch.classes.ukv.Coordinator(2, [CSA_K], [3], 128, True)
+    assert not upstream.borrow_unreleased_swa() and lending.borrow_unreleased_swa()
+    for c in (upstream, lending):
+        c.alloc_compress_n(CSA, 4)  # the own region
+    with pytest.raises(RuntimeError, match="No free KV slots available"):
+        upstream.alloc_compress(CSA)
+    assert lending.free_compress_blocks(CSA) == 2 * 4
+    assert lending.alloc_compress(CSA) == 1 * 4  # slot 1: the never-used slot SWA would take last
+    assert lending.counters()["unreleased_borrows"] == 1 and lending.take_evicted_swa() == []
+    assert lending.alloc_swa() == 0
+    clone = pickle.loads(pickle.dumps(lending))
+    assert clone.borrow_unreleased_swa() and clone.__getstate__() == lending.__getstate__()
+
+
 def test_counters_count_allocations_borrows_and_evictions():
     c = torch.classes.ukv.Coordinator(2, [CSA_K, HCA_K], [3, 3], 128)
     s0, s1 = c.alloc_swa(), c.alloc_swa()
@@ -517,7 +534,7 @@ def test_counters_count_allocations_borrows_and_evictions():
     ids = c.alloc_compress_n(CSA, 5)   # 4 in the own region, then a borrow of s1
     c.free_compress(CSA, int(ids[0]))
     assert dict(c.counters()) == {
-        "swa_allocs": 2, "swa_frees": 2, "swa_claims": 1, "swa_evictions": 1,
+        "swa_allocs": 2, "swa_frees": 2, "swa_claims": 1, "swa_evictions": 1, "unreleased_borrows": 0,
         "type0_compress_allocs": 5, "type0_compress_frees": 1, "type0_borrows": 1,
         "type1_compress_allocs": 0, "type1_compress_frees": 0, "type1_borrows": 0,
     }

@@ -18,6 +18,10 @@ every operation:
 can_allocate_jointly is checked against first principles (allocations_succeed
 simulates orders on the model) and, when it admits, its promise is kept by
 really performing the allocations in a random interleaving.
+
+Every Coordinator shape runs twice: with upstream borrowing (compress borrows
+only slots SWA released) and with borrow_unreleased_swa (compress may also be
+lent slots SWA never used).
 """
 import copy
 import io
@@ -127,10 +131,13 @@ class RowLedger:
     compress block p of a type with k rows per block is rows [p*k, (p+1)*k) of
     that type's tensor."""
 
-    def __init__(self, block_size, swa_slots, type_ks, type_slots, coordinated):
+    def __init__(self, block_size, swa_slots, type_ks, type_slots, coordinated, lends_unreleased=False):
         # coordinated: a Coordinator, whose SWA slots span every type's tensor
         # and which every pool sees as reserved; else a TypePool used alone.
+        # lends_unreleased: the Coordinator may lend compress an SWA slot SWA
+        # never released, which from then on is free in every pool.
         self.bs = block_size
+        self.lends_unreleased = lends_unreleased
         self.swa_slots = swa_slots
         self.ks, self.rows = list(type_ks), [n * block_size for n in type_slots]
         self.coordinated = coordinated
@@ -163,8 +170,9 @@ class RowLedger:
         assert first not in self.first_rows[t], f"type {t} rows {first}.. owned by two blocks"
         assert slot not in self.swa_held, f"type {t} block {phys} overlaps SWA slot {slot}"
         assert slot not in self.reserved, f"type {t} block {phys} in reserved slot {slot}"
-        if self.coordinated and slot < self.swa_slots:
-            assert slot in self.swa_released, f"type {t} borrowed SWA slot {slot} that SWA never released"
+        if self.coordinated and slot < self.swa_slots and slot not in self.swa_released:
+            assert self.lends_unreleased, f"type {t} borrowed SWA slot {slot} that SWA never released"
+            self.swa_released.add(slot)  # lent: free in every pool from now on
         self.compress_held[t].add(phys)
         self.first_rows[t][first] = phys
         self.blocks_in_slot[t][slot] += 1
@@ -274,6 +282,7 @@ class Run:
     ALLOCS = {"alloc_swa", "alloc_swa_n", "claim_swa", "alloc_compress", "alloc_compress_n"}
     FREES = {"free_swa", "free_swa_many", "free_compress", "free_compress_many"}
     OPS = []  # (operation, weight)
+    SCALE = {}  # operation -> weight factor of this run
 
     def __init__(self, seed, obj, model, ledger):
         self.rng = random.Random(seed)
@@ -292,7 +301,8 @@ class Run:
         names = [name for name, _ in self.OPS]
         bias = {**dict.fromkeys(self.ALLOCS, 2.0 if self.filling else 0.5),
                 **dict.fromkeys(self.FREES, 0.5 if self.filling else 2.0)}
-        name = self.rng.choices(names, [w * bias.get(name, 1.0) for name, w in self.OPS])[0]
+        weights = [w * bias.get(name, 1.0) * self.SCALE.get(name, 1.0) for name, w in self.OPS]
+        name = self.rng.choices(names, weights)[0]
         return getattr(self, "op_" + name)()
 
     def step(self, op):
@@ -352,10 +362,19 @@ class CoordinatorRun(Run):
         ("check_invariants", 0.3), ("getters", 0.3), ("round_trip", 0.2), ("bad_call", 0.3),
     ]
 
-    def __init__(self, seed, num_swa_base, ks, num_slots, block_size):
-        obj = torch.classes.ukv.Coordinator(num_swa_base, ks, num_slots, block_size)
-        model = CoordinatorModel(num_swa_base, ks, num_slots, block_size)
-        super().__init__(seed, obj, model, RowLedger(block_size, num_swa_base, ks, num_slots, coordinated=True))
+    def __init__(self, seed, num_swa_base, ks, num_slots, block_size, borrow_unreleased_swa=False):
+        if borrow_unreleased_swa:
+            obj = torch.classes.ukv.Coordinator(num_swa_base, ks, num_slots, block_size, borrow_unreleased_swa)
+        else:  # the upstream constructor call, without the option
+            obj = torch.classes.ukv.Coordinator(num_swa_base, ks, num_slots, block_size)
+        model = CoordinatorModel(num_swa_base, ks, num_slots, block_size, borrow_unreleased_swa)
+        ledger = RowLedger(block_size, num_swa_base, ks, num_slots, coordinated=True,
+                           lends_unreleased=borrow_unreleased_swa)
+        super().__init__(seed, obj, model, ledger)
+        if borrow_unreleased_swa:
+            # SWA takes slots more rarely, so compress often runs out while
+            # some SWA slots were never used: the lending path.
+            self.SCALE = dict.fromkeys(["alloc_swa", "alloc_swa_n", "claim_swa"], 0.2)
         self.base, self.types = num_swa_base, len(ks)
         self.bps = [block_size // k for k in ks]
         self.type_slots = num_slots
@@ -539,8 +558,10 @@ class CoordinatorRun(Run):
 
     def op_getters(self):
         o, m = self.obj, self.model
-        return Op("getters", lambda: (o.num_swa_base(), o.block_size(), o.num_types(), o.ks(), o.type_slots()),
-                  lambda: (m.num_swa_base, m.block_size, m.num_types(), m.ks(), m.type_slots()), query=True)
+        return Op("getters", lambda: (o.num_swa_base(), o.block_size(), o.num_types(), o.ks(), o.type_slots(),
+                                      o.borrow_unreleased_swa()),
+                  lambda: (m.num_swa_base, m.block_size, m.num_types(), m.ks(), m.type_slots(),
+                           m.borrow_unreleased_swa), query=True)
 
     def op_bad_call(self):
         names = ["free_swa", "claim_swa", "alloc_compress", "is_free_swa", "free_swa_many", "alloc_swa_n"]
@@ -828,12 +849,16 @@ DROP_IN_SHAPES = {
 }
 
 
-TOTAL_OPERATIONS = sum(runs * ops for _, (runs, ops) in [*COORDINATOR_SHAPES.values(), *POOL_SHAPES.values(),
-                                                         *DROP_IN_SHAPES.values()])
+BORROW_MODES = {"upstream_borrowing": False, "borrow_unreleased": True}
+
+COORDINATOR_OPERATIONS = sum(runs * ops for _, (runs, ops) in COORDINATOR_SHAPES.values())
+TOTAL_OPERATIONS = (COORDINATOR_OPERATIONS * len(BORROW_MODES) +
+                    sum(runs * ops for _, (runs, ops) in [*POOL_SHAPES.values(), *DROP_IN_SHAPES.values()]))
 
 
 def test_the_runs_total_at_least_100k_operations():
-    assert TOTAL_OPERATIONS >= 100_000
+    assert TOTAL_OPERATIONS - COORDINATOR_OPERATIONS >= 100_000  # without the option
+    assert COORDINATOR_OPERATIONS >= 50_000  # the Coordinator with it
 
 
 def assert_coverage(outcomes, ops, must_succeed, must_refuse):
@@ -856,10 +881,19 @@ def run_all(make_run, name, runs, ops):
     return outcomes, run
 
 
+@pytest.mark.parametrize("mode", sorted(BORROW_MODES))
 @pytest.mark.parametrize("name", sorted(COORDINATOR_SHAPES))
-def test_coordinator_matches_model(name):
+def test_coordinator_matches_model(name, mode):
     (base, ks, slots, bs), (runs, ops) = COORDINATOR_SHAPES[name]
-    outcomes, run = run_all(lambda seed: CoordinatorRun(seed, base, ks, slots, bs), name, runs, ops)
+    borrow_unreleased = BORROW_MODES[mode]
+    if borrow_unreleased:  # more fresh starts: lending needs SWA slots never used yet
+        runs, ops = runs * 4, ops // 4
+    made = []
+
+    def make_run(seed):
+        made.append(CoordinatorRun(seed, base, ks, slots, bs, borrow_unreleased))
+        return made[-1]
+    outcomes, _ = run_all(make_run, f"{name}/{mode}" if borrow_unreleased else name, runs, ops)
     refusals = [("free_swa", "invalid"), ("free_swa_many", "invalid"), ("alloc_compress", "invalid"),
                 ("bad_call", "bad_call")]
     succeed = ["take_evicted_swa", "round_trip", "counters"]
@@ -873,9 +907,10 @@ def test_coordinator_matches_model(name):
         succeed += ["alloc_compress", "free_compress", "alloc_compress_n", "free_compress_many"]
     assert_coverage(outcomes, CoordinatorRun.OPS, succeed, refusals)
     if base and ks:
-        counters = run.model.all_counters()
+        counters = sum((Counter(r.model.all_counters()) for r in made), Counter())  # over all runs
         assert counters["swa_evictions"] > 0 and sum(counters[f"type{t}_borrows"] for t in range(len(ks))) > 0
         assert outcomes["promised allocation", "ok"] > 0
+        assert (counters["unreleased_borrows"] > 0) == borrow_unreleased
 
 
 @pytest.mark.parametrize("name", sorted(DROP_IN_SHAPES))

@@ -121,8 +121,8 @@ def test_inconsistent_states_are_refused_on_unpickling(name, make):
         unpickle(state + [0])
     # Slot 0's owner (free in the pool, reserved in the coordinator's first
     # pool), claimed as compress-held: after the TypePool header (4 values), or
-    # after the Coordinator header (3 + 2 per type), the pool's length and its header.
-    slot0_owner = 4 if name == "TypePool" else 3 + 2 * 2 + 1 + 4
+    # after the Coordinator header (4 + 2 per type), the pool's length and its header.
+    slot0_owner = 4 if name == "TypePool" else 4 + 2 * 2 + 1 + 4
     tampered = list(state)
     tampered[slot0_owner] = 3
     with pytest.raises(ValueError, match="state is inconsistent"):

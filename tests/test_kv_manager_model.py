@@ -372,6 +372,13 @@ CONFIGS = {
     "unified-elastic": config(True, num_logical_blocks=64, type_slots=[32 + 6, 32 + 1]),
     "unified-elastic-mtp1": config(True, mtp_k=1, num_logical_blocks=64, num_swa_blocks=24, type_slots=[24 + 4, 24 + 1]),
     "unified-elastic-both-types-borrow": config(True, num_logical_blocks=160, type_slots=[32 + 12, 32 + 1]),
+    # ... and may borrow shared slots SWA never used (the planner's elastic mode).
+    "unified-elastic-lend": config(True, num_logical_blocks=64, type_slots=[32 + 6, 32 + 1],
+                                   borrow_unreleased_swa=True),
+    "unified-elastic-mtp1-lend": config(True, mtp_k=1, num_logical_blocks=64, num_swa_blocks=24,
+                                        type_slots=[24 + 4, 24 + 1], borrow_unreleased_swa=True),
+    "unified-elastic-both-types-lend": config(True, num_logical_blocks=160, type_slots=[32 + 12, 32 + 1],
+                                              borrow_unreleased_swa=True),
     "unified-no-prefix-cache": config(True, enable_prefix_caching=False),
 }
 
@@ -391,11 +398,14 @@ TINY_ELASTIC = config(True, num_logical_blocks=16, num_swa_blocks=12, compress_k
                       max_num_seqs=3, max_blocks_per_seq=6)
 
 
+@pytest.mark.parametrize("lend", [False, True], ids=["upstream-borrowing", "borrow-unreleased"])
 @pytest.mark.parametrize("seeds", [range(0, 50), range(50, 100)], ids=["seeds0-49", "seeds50-99"])
-def test_tiny_elastic_pools_keep_every_promise(seeds):
-    reclaimed = 0
+def test_tiny_elastic_pools_keep_every_promise(seeds, lend):
+    reclaimed = lent = 0
     for seed in seeds:
-        run = Serving(TINY_ELASTIC, seed)
+        run = Serving(dict(TINY_ELASTIC, borrow_unreleased_swa=lend), seed)
         run.run(steps=40)
         reclaimed += run.model.stat["reclaimed_slots"]
+        lent += run.model.space.unreleased_borrows
     assert reclaimed > 0
+    assert (lent > 0) == lend

@@ -45,6 +45,8 @@ def test_static_and_upstream_follow_the_upstream_formulas(preset, budget_gib):
     assert up.type_slots == (swa + math.ceil(up.num_logical_blocks / 4), swa + math.ceil(up.num_logical_blocks / 128))
     assert up.total_bytes == tensor_bytes(up, ratios) <= budget
     assert up.manager_kwargs()["unified"] and not static.manager_kwargs()["unified"]
+    # Only elastic sizing needs compress to borrow SWA slots SWA never used.
+    assert not up.manager_kwargs()["borrow_unreleased_swa"] and not static.manager_kwargs()["borrow_unreleased_swa"]
 
 
 def test_elastic_covers_every_physical_compress_block_and_fits():
@@ -60,6 +62,7 @@ def test_elastic_covers_every_physical_compress_block_and_fits():
     # The manager accepts the plan as is.
     m = ukv_torch.KvManager(max_num_seqs=4, max_blocks_per_seq=8, **plan.manager_kwargs())
     assert m.stats()["free_logical_blocks"] == plan.num_logical_blocks
+    assert m.config()["borrow_unreleased_swa"] == 1
 
 
 def test_rows_agree_with_the_sizing_ops():

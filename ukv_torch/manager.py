@@ -48,7 +48,9 @@ class KvManager:
     `mtp_k` (speculative tokens per decode step), `unified` (False = the
     upstream static split), `compress_ks` (rows per block of each compress
     type, CSA 32 and HCA 1 by default), `type_slots` (slots of each type's
-    tensor; default from `slot_counts`), `full_retain`, `retention_interval`
+    tensor; default from `slot_counts`), `borrow_unreleased_swa` (unified:
+    compress may also borrow SWA slots SWA never used, which the elastic
+    layout needs; admission stays a promise), `full_retain`, `retention_interval`
     and `checkpoint_frac` (sparse SWA checkpoints), `max_num_seqs` x
     `max_blocks_per_seq` (staging), and `device` (where the staged tables are
     mirrored; pinned host staging when it is a GPU).
@@ -58,7 +60,7 @@ class KvManager:
                  window: int = 128, mtp_k: int = 0, max_num_batched_tokens: int = 8192,
                  enable_prefix_caching: bool = True, unified: bool = True,
                  compress_ks: Sequence[int] = (32, 1), type_slots: Optional[Sequence[int]] = None,
-                 full_retain: bool = False, retention_interval: int = 0, checkpoint_frac: float = 0.5,
+                 borrow_unreleased_swa: bool = False, full_retain: bool = False, retention_interval: int = 0, checkpoint_frac: float = 0.5,
                  max_num_seqs: int = 256, max_blocks_per_seq: int = 1024,
                  device: Optional[Union[str, torch.device]] = None):
         options = {
@@ -66,6 +68,7 @@ class KvManager:
             "block_size": block_size, "window": window, "mtp_k": mtp_k,
             "max_num_batched_tokens": max_num_batched_tokens,
             "enable_prefix_caching": int(enable_prefix_caching), "unified": int(unified),
+            "borrow_unreleased_swa": int(borrow_unreleased_swa),
             "full_retain": int(full_retain), "retention_interval": retention_interval,
             "max_num_seqs": max_num_seqs, "max_blocks_per_seq": max_blocks_per_seq,
         }

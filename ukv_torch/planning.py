@@ -9,7 +9,9 @@ out. Three modes under one budget:
   the own compress region holds, so flag-on capacity equals flag-off;
 - "elastic":  the unified pool whose logical block space covers every compress
   block the tensors can physically hold, so SWA slots left idle serve
-  compress. Per-logical-block side pools (the CSA indexer) are charged.
+  compress (its manager lets compress borrow SWA slots SWA never used:
+  `borrow_unreleased_swa`). Per-logical-block side pools (the CSA indexer)
+  are charged.
 """
 from __future__ import annotations
 
@@ -58,6 +60,9 @@ class KvPlan:
             "compress_ks": list(self.compress_ks),
             "type_slots": list(self.type_slots) if self.unified else None,
             "unified": self.unified,
+            # Only elastic sizing has more logical blocks than the own regions
+            # hold; upstream sizing never borrows, so the option would be idle.
+            "borrow_unreleased_swa": self.mode == "elastic",
         }
 
 

@@ -8,8 +8,9 @@
 
 namespace ukv {
 
-Coordinator::Coordinator(int64_t num_swa_base, std::vector<CompressTypeSpec> types, int64_t block_size)
-    : num_swa_base_(num_swa_base), block_size_(block_size) {
+Coordinator::Coordinator(int64_t num_swa_base, std::vector<CompressTypeSpec> types, int64_t block_size,
+                         bool borrow_unreleased_swa)
+    : num_swa_base_(num_swa_base), block_size_(block_size), borrow_unreleased_swa_(borrow_unreleased_swa) {
   require(num_swa_base >= 0, "num_swa_base must be >= 0, got ", num_swa_base);
   require(block_size > 0, "block_size must be > 0, got ", block_size);
   // Dense layers have exactly the SWA space's rows; with no compress type no
@@ -28,11 +29,12 @@ Coordinator::Coordinator(int64_t num_swa_base, std::vector<CompressTypeSpec> typ
   busy_.assign(static_cast<size_t>(num_swa_base), 0);
   cached_.assign(static_cast<size_t>(num_swa_base), 0);
   swa_free_ = SlotList(num_swa_base);
+  unreleased_ = SlotList(num_swa_base);
   for (int64_t s = 0; s < num_swa_base; ++s) {
     for (auto& p : pools_) p.reserve_slot(s);  // compress starts in its own region
     swa_free_.push_back(s);
+    unreleased_.push_back(s);
   }
-  available_unreleased_ = num_swa_base;
 }
 
 const TypePool& Coordinator::pool(int64_t type, const char* what) const {
@@ -81,7 +83,7 @@ void Coordinator::claim_swa(int64_t slot) {
 void Coordinator::take_swa_slot(int64_t slot) {
   swa_free_.erase(slot);
   auto& state = swa_state_[static_cast<size_t>(slot)];
-  if (state == SwaState::Released) reserve_in_all_pools(slot); else --available_unreleased_;
+  if (state == SwaState::Released) reserve_in_all_pools(slot); else unreleased_.erase(slot);
   state = SwaState::Held;
   cached_[static_cast<size_t>(slot)] = 0;
   ++held_swa_;
@@ -98,10 +100,32 @@ void Coordinator::free_swa(int64_t slot) {
   ++counters_.swa_frees;
 }
 
+void Coordinator::lend_unreleased_slot() {
+  // SWA takes its free list front first, so the back-most never-used slot is
+  // the one it would reach last: SWA's next allocations are unchanged.
+  const int64_t slot = unreleased_.back();
+  unreleased_.erase(slot);
+  for (auto& p : pools_) p.release_slot(slot);
+  swa_state_[static_cast<size_t>(slot)] = SwaState::Released;  // cached_ stays 0: SWA never wrote it
+  ++counters_.unreleased_borrows;
+}
+
+bool Coordinator::has_free_compress(int64_t type, int64_t n) const {
+  return !pool(type, "has_free_compress").enabled() || free_compress_blocks(type) >= n;
+}
+
+int64_t Coordinator::free_compress_blocks(int64_t type) const {
+  const TypePool& p = pool(type, "free_compress_blocks");
+  return p.free_compress_blocks() + lendable_slots() * p.blocks_per_slot();
+}
+
 int64_t Coordinator::alloc_compress(int64_t type) {
   check_type(type, "alloc_compress");
+  TypePool& pool = pools_[static_cast<size_t>(type)];
+  // Only where the pool would run out: the lent slot is then its one free slot.
+  if (pool.free_compress_blocks() == 0 && lendable_slots() > 0) lend_unreleased_slot();
   int64_t opened = -1;
-  const int64_t phys = pools_[static_cast<size_t>(type)].alloc_compress(&opened);
+  const int64_t phys = pool.alloc_compress(&opened);
   if (opened >= 0 && opened < num_swa_base_) {
     // A borrowed released slot: SWA may no longer take it, and whatever SWA
     // block it cached is gone the moment compress writes into it.
@@ -146,7 +170,7 @@ void Coordinator::free_swa_many(const int64_t* slots, size_t n) {
 std::vector<int64_t> Coordinator::alloc_compress_n(int64_t type, int64_t n) {
   check_type(type, "alloc_compress_n");
   require_batch_size(n, "alloc_compress_n");
-  const int64_t avail = pools_[static_cast<size_t>(type)].free_compress_blocks();
+  const int64_t avail = free_compress_blocks(type);
   require<OutOfSlots>(n <= avail, "No free KV slots available (", n, " requested, ", avail, " free)");
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(n));
@@ -190,13 +214,16 @@ bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>
   const int64_t swa_demand = enabled() ? n_swa : 0;  // a disabled SWA space ignores SWA demand
   const int64_t swa_free = swa_free_.size() + static_cast<int64_t>(freeable_slots.size());
   if (swa_demand > swa_free) return false;  // also keeps the sums below far from overflow
-  // The roles compete only for released slots nobody has borrowed: SWA may
-  // take them and every pool may borrow them. (SWA's never-released slots are
-  // reserved in every pool; a slot one pool borrowed is out of SWA's reach.)
-  // Whatever the order of the calls, SWA takes at most swa_takes_contested of
-  // them from under each pool, and the pools together at most
-  // min(borrows, contested) from under SWA.
-  const int64_t contested = swa_free - available_unreleased_;
+  // The roles compete only for free slots SWA may take and every pool may
+  // borrow: the released ones nobody has borrowed, and with
+  // borrow_unreleased_swa the never-used ones too (lending one to a pool adds
+  // it to every pool's shared room, so the pools never compete with each
+  // other; a slot one pool borrowed is out of SWA's reach). Whatever the
+  // order of the calls, SWA takes at most swa_takes_contested of them from
+  // under each pool, and the pools together at most min(borrows, contested)
+  // from under SWA.
+  const int64_t lendable = lendable_slots();
+  const int64_t contested = swa_free - unreleased_.size() + lendable;
   const int64_t swa_takes_contested = std::min(swa_demand, contested);
   int64_t borrows = 0;
   for (int64_t t = 0; t < num_types(); ++t) {
@@ -214,7 +241,7 @@ bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>
         open_lost += !p.compress_id_is_held(phys);
     }
     const int64_t borrow = slots_needed(t, demand + open_lost);
-    if (borrow > p.free_shared_slots() + gained - swa_takes_contested) return false;
+    if (borrow > p.free_shared_slots() + lendable + gained - swa_takes_contested) return false;
     borrows += borrow;  // <= num_slots per type: no overflow
   }
   return swa_demand + std::min(borrows, contested) <= swa_free;
@@ -228,7 +255,6 @@ std::vector<int64_t> Coordinator::take_evicted_swa() {
 
 void Coordinator::check_invariants() const {
   for (const auto& p : pools_) p.check_invariants();
-  int64_t unreleased = 0;
   for (int64_t s = 0; s < num_swa_base_; ++s) {
     const auto i = static_cast<size_t>(s);
     int32_t busy = 0;
@@ -244,16 +270,21 @@ void Coordinator::check_invariants() const {
     require<StateError>(swa_free_.contains(s) == available, "shared slot ", s, " SWA free-list membership");
     require<StateError>(!cached_[i] || (swa_state_[i] == SwaState::Released && busy == 0), "shared slot ", s,
                         " is marked cached while not a free released slot");
-    unreleased += swa_state_[i] == SwaState::Available;
+    require<StateError>(unreleased_.contains(s) == (swa_state_[i] == SwaState::Available), "shared slot ", s,
+                        " never-used list membership");
   }
-  require<StateError>(unreleased == available_unreleased_, "unreleased-available counter");
+  // unreleased_ lists the never-used slots in SWA's free-list order.
+  std::vector<int64_t> in_order;
+  for (int64_t s : swa_free_.to_vector())
+    if (swa_state_[static_cast<size_t>(s)] == SwaState::Available) in_order.push_back(s);
+  require<StateError>(in_order == unreleased_.to_vector(), "never-used list order");
   int64_t held = 0;
   for (auto st : swa_state_) held += st == SwaState::Held;
   require<StateError>(held == held_swa_, "held-SWA counter");
 }
 
 std::vector<int64_t> Coordinator::to_state() const {
-  std::vector<int64_t> st = {num_swa_base_, block_size_, num_types()};
+  std::vector<int64_t> st = {num_swa_base_, block_size_, num_types(), borrow_unreleased_swa_};
   for (const auto& p : pools_) st.insert(st.end(), {p.k(), p.num_slots()});
   for (const auto& p : pools_) {
     const auto ps = p.to_state();
@@ -269,7 +300,8 @@ std::vector<int64_t> Coordinator::to_state() const {
   st.insert(st.end(), order.begin(), order.end());
   st.push_back(static_cast<int64_t>(evicted_.size()));
   st.insert(st.end(), evicted_.begin(), evicted_.end());
-  st.insert(st.end(), {counters_.swa_allocs, counters_.swa_frees, counters_.swa_claims, counters_.swa_evictions});
+  st.insert(st.end(), {counters_.swa_allocs, counters_.swa_frees, counters_.swa_claims, counters_.swa_evictions,
+                       counters_.unreleased_borrows});
   return st;
 }
 
@@ -279,11 +311,13 @@ Coordinator Coordinator::from_state(const std::vector<int64_t>& st) {
     require(i < st.size(), "Coordinator state is truncated");
     return st[i++];
   };
-  const int64_t base = next(), bs = next(), ntypes = next();
+  const int64_t base = next(), bs = next(), ntypes = next(), borrow_unreleased = next();
   require(ntypes >= 0 && ntypes <= 64, "Coordinator state: bad type count ", ntypes);
+  require(borrow_unreleased == 0 || borrow_unreleased == 1, "Coordinator state: bad borrow_unreleased_swa flag ",
+          borrow_unreleased);
   std::vector<CompressTypeSpec> specs;
   for (int64_t t = 0; t < ntypes; ++t) specs.push_back({next(), next()});
-  Coordinator c(base, specs, bs);
+  Coordinator c(base, specs, bs, borrow_unreleased != 0);
   for (auto& p : c.pools_) {
     const int64_t len = next();
     require(len >= 0 && i + static_cast<size_t>(len) <= st.size(), "Coordinator state: bad pool state length");
@@ -291,31 +325,31 @@ Coordinator Coordinator::from_state(const std::vector<int64_t>& st) {
     i += static_cast<size_t>(len);
     p = TypePool::from_state(ps);
   }
-  c.available_unreleased_ = 0;
   c.held_swa_ = 0;
   for (int64_t s = 0; s < base; ++s) {
     const int64_t state = next(), cached = next();
     require(state >= 0 && state <= 2 && (cached == 0 || cached == 1), "Coordinator state: bad SWA slot record");
     c.swa_state_[static_cast<size_t>(s)] = static_cast<SwaState>(state);
     c.cached_[static_cast<size_t>(s)] = static_cast<uint8_t>(cached);
-    c.available_unreleased_ += state == static_cast<int64_t>(SwaState::Available);
     c.held_swa_ += state == static_cast<int64_t>(SwaState::Held);
     int32_t busy = 0;
     for (const auto& p : c.pools_) busy += p.owner(s) == SlotOwner::Compress;
     c.busy_[static_cast<size_t>(s)] = busy;
   }
   c.swa_free_ = SlotList(base);
+  c.unreleased_ = SlotList(base);
   const int64_t nfree = next();
   require(nfree >= 0 && nfree <= base, "Coordinator state: bad SWA free-list length");
   for (int64_t j = 0; j < nfree; ++j) {
     const int64_t s = next();
     require(s >= 0 && s < base && !c.swa_free_.contains(s), "Coordinator state: bad SWA free-list member ", s);
     c.swa_free_.push_back(s);
+    if (c.swa_state_[static_cast<size_t>(s)] == SwaState::Available) c.unreleased_.push_back(s);
   }
   const int64_t nevicted = next();
   require(nevicted >= 0, "Coordinator state: bad eviction queue length");
   for (int64_t j = 0; j < nevicted; ++j) c.evicted_.push_back(next());
-  c.counters_ = {next(), next(), next(), next()};
+  c.counters_ = {next(), next(), next(), next(), next()};
   require(i == st.size(), "Coordinator state has ", st.size() - i, " trailing values");
   try {
     c.check_invariants();

@@ -9,6 +9,13 @@
 //  - SWA may take slot s only when s is free in every compress pool.
 //  - A compress type may take s only when SWA does not hold it; it prefers its
 //    own region and borrows the longest-released SWA slot last (H5).
+//  - Upstream, a slot SWA never used stays reserved in every pool. With
+//    borrow_unreleased_swa (opt-in; the elastic layout turns it on, where SWA
+//    leaves most of its space unused), a pool that would otherwise run out
+//    lends the never-used free slot SWA would take last into every pool and
+//    borrows it; no cache entry can sit there, so nothing is evicted. The
+//    option only turns what would be an exhaustion into a borrow: every other
+//    call behaves exactly as without it.
 //  - When a compress type first borrows a released slot that may still back a
 //    cached SWA block, that cache entry is evicted exactly once, before the
 //    allocating call returns (C3, H-a): the eviction listener runs
@@ -40,18 +47,21 @@ struct CompressTypeSpec {
 struct CoordinatorCounters {
   int64_t swa_allocs = 0, swa_frees = 0, swa_claims = 0;
   int64_t swa_evictions = 0;  // cached SWA entries dropped because compress borrowed the slot
+  int64_t unreleased_borrows = 0;  // never-used SWA slots lent to compress (borrow_unreleased_swa)
 };
 
 class Coordinator {
  public:
   using EvictListener = std::function<void(int64_t swa_slot)>;
 
-  Coordinator(int64_t num_swa_base, std::vector<CompressTypeSpec> types, int64_t block_size = 128);
+  Coordinator(int64_t num_swa_base, std::vector<CompressTypeSpec> types, int64_t block_size = 128,
+              bool borrow_unreleased_swa = false);
 
   int64_t num_swa_base() const { return num_swa_base_; }
   int64_t block_size() const { return block_size_; }
   int64_t num_types() const { return static_cast<int64_t>(pools_.size()); }
   bool enabled() const { return num_swa_base_ > 0; }
+  bool borrow_unreleased_swa() const { return borrow_unreleased_swa_; }
   // what: the public operation asking, named by a range error.
   const TypePool& pool(int64_t type, const char* what = "pool") const;
 
@@ -72,10 +82,10 @@ class Coordinator {
   // --- compress role ---
   int64_t alloc_compress(int64_t type);
   void free_compress(int64_t type, int64_t phys);
-  bool has_free_compress(int64_t type, int64_t n) const { return pool(type, "has_free_compress").has_free_compress(n); }
-  int64_t free_compress_blocks(int64_t type) const {
-    return pool(type, "free_compress_blocks").free_compress_blocks();
-  }
+  // Blocks alloc_compress(type) can still hand out: the pool's, plus with
+  // borrow_unreleased_swa those of the never-used SWA slots it may be lent.
+  bool has_free_compress(int64_t type, int64_t n) const;
+  int64_t free_compress_blocks(int64_t type) const;
   std::vector<int64_t> alloc_compress_n(int64_t type, int64_t n);         // all-or-nothing
   void free_compress_many(int64_t type, const int64_t* ids, size_t n);    // validated first
 
@@ -86,7 +96,9 @@ class Coordinator {
   // has_free_swa / has_free_compress do. freeable_slots: distinct released
   // shared slots the caller first makes free in every pool (the KV manager's
   // reclaimable cached compress slots); each gives SWA a slot and its pools a
-  // shared slot, minus the free compress blocks they had open in it.
+  // shared slot, minus the free compress blocks they had open in it. With
+  // borrow_unreleased_swa every never-used free slot counts as lendable room
+  // of every pool, and as contested with SWA.
   bool can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>& compress_demand,
                             const std::vector<int64_t>& freeable_slots = {}) const;
 
@@ -108,18 +120,22 @@ class Coordinator {
   void check_swa_slot(int64_t slot, const char* what) const;
   void reserve_in_all_pools(int64_t slot);
   void take_swa_slot(int64_t slot);  // an available slot becomes SWA-held
+  void lend_unreleased_slot();       // the never-used free slot SWA would take last becomes released
+  int64_t lendable_slots() const { return borrow_unreleased_swa_ ? unreleased_.size() : 0; }
   int64_t slots_needed(int64_t type, int64_t blocks) const;
 
   int64_t num_swa_base_, block_size_;
+  bool borrow_unreleased_swa_;
   std::vector<TypePool> pools_;
-  // Per shared slot: Available = reserved in every pool, SWA may take it;
-  // Held = SWA owns it; Released = SWA freed it to the pools (SWA may take it
-  // back while busy_[s] == 0, i.e. no pool has compress blocks in it).
+  // Per shared slot: Available = never used by SWA, reserved in every pool,
+  // SWA may take it; Held = SWA owns it; Released = SWA freed it (or, with
+  // borrow_unreleased_swa, lent it unused) to the pools; SWA may take it back
+  // while busy_[s] == 0, i.e. no pool has compress blocks in it.
   std::vector<SwaState> swa_state_;
   std::vector<int32_t> busy_;      // pools holding compress blocks in a released slot
   std::vector<uint8_t> cached_;    // released slot may still back a cached SWA block
   SlotList swa_free_;              // slots SWA may take now, FIFO
-  int64_t available_unreleased_ = 0;  // members of swa_free_ in state Available
+  SlotList unreleased_;            // the members of swa_free_ in state Available, in its order
   int64_t held_swa_ = 0;              // slots in state Held
   std::deque<int64_t> evicted_;
   EvictListener listener_;

@@ -38,6 +38,7 @@ KvManagerConfig validated(KvManagerConfig c) {
             c.block_size, ", got ", k);
   if (!c.unified) {
     require(c.type_slots.empty(), "type_slots applies to the unified layout only (unified=false)");
+    require(!c.borrow_unreleased_swa, "borrow_unreleased_swa applies to the unified layout only (unified=false)");
     for (int64_t k : c.compress_ks)  // the static layer tensors must stay addressable by int32 rows
       layer_rows(Layout::StaticSplit, c.block_size / k, c.num_swa_blocks, c.num_logical_blocks, c.block_size);
     return c;
@@ -79,7 +80,7 @@ KvManager::KvManager(KvManagerConfig config)
     std::vector<CompressTypeSpec> types;
     for (int64_t t = 0; t < num_types(); ++t)
       types.push_back({cfg_.compress_ks[static_cast<size_t>(t)], cfg_.type_slots[static_cast<size_t>(t)]});
-    coord_ = std::make_unique<Coordinator>(cfg_.num_swa_blocks, types, bs);
+    coord_ = std::make_unique<Coordinator>(cfg_.num_swa_blocks, types, bs, cfg_.borrow_unreleased_swa);
     for (int64_t t = 0; t < num_types(); ++t)
       owner_of_phys_.emplace_back(static_cast<size_t>(coord_->pool(t).num_compress_ids()), -1);
     live_in_slot_.assign(static_cast<size_t>(cfg_.num_swa_blocks), 0);
@@ -778,7 +779,7 @@ void put_config(std::vector<int64_t>& st, const KvManagerConfig& c) {
   std::memcpy(&frac_bits, &c.checkpoint_frac, sizeof frac_bits);
   st.insert(st.end(), {c.block_size, c.window, c.mtp_k, c.max_num_batched_tokens, c.enable_prefix_caching, c.unified,
                        c.num_logical_blocks, c.num_swa_blocks, c.full_retain, c.retention_interval, frac_bits,
-                       c.max_num_seqs, c.max_blocks_per_seq});
+                       c.max_num_seqs, c.max_blocks_per_seq, c.borrow_unreleased_swa});
   for (const auto* v : {&c.compress_ks, &c.type_slots}) {
     st.push_back(static_cast<int64_t>(v->size()));
     st.insert(st.end(), v->begin(), v->end());
@@ -828,6 +829,7 @@ KvManagerConfig get_config(Reader& r) {
   std::memcpy(&c.checkpoint_frac, &frac_bits, sizeof frac_bits);
   c.max_num_seqs = r.next();
   c.max_blocks_per_seq = r.next();
+  c.borrow_unreleased_swa = r.next() != 0;
   c.compress_ks = r.vec<int64_t>(64, "compress type");
   c.type_slots = r.vec<int64_t>(64, "type slot");
   return c;
@@ -881,6 +883,8 @@ std::unique_ptr<KvManager> KvManager::from_state(const std::vector<int64_t>& st)
   const auto& cfg = m->cfg_;
   if (m->coord_) {
     *m->coord_ = Coordinator::from_state(r.block("coordinator state"));
+    require(m->coord_->borrow_unreleased_swa() == cfg.borrow_unreleased_swa,
+            "KvManager state: the coordinator's borrow_unreleased_swa disagrees with the config");
     m->install_evict_listener();
     m->reclaimable_ = SlotList(cfg.num_swa_blocks);
     for (int64_t slot : r.vec<int64_t>(cfg.num_swa_blocks, "reclaimable slot")) {

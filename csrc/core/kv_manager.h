@@ -45,6 +45,7 @@ struct KvManagerConfig {
   int64_t num_swa_blocks = 0;
   std::vector<int64_t> compress_ks = {32, 1};  // rows per block of each compress type
   std::vector<int64_t> type_slots;       // unified: slots per type; empty = slot_counts()
+  bool borrow_unreleased_swa = false;    // unified: compress may borrow SWA slots SWA never used
   bool full_retain = false;              // SWA materialises whole prefill chunks
   int64_t retention_interval = 0;        // tokens between sparse SWA checkpoints (full_retain)
   double checkpoint_frac = 0.5;          // fraction of SWA blocks checkpoints may pin

@@ -20,6 +20,7 @@ class SlotList {
   bool empty() const { return size_ == 0; }
   bool contains(int64_t id) const { return member_[static_cast<size_t>(id)] != 0; }
   int64_t front() const { return head_; }
+  int64_t back() const { return tail_; }
   // Successor of a member, -1 after the last (front-to-back walks).
   int64_t next(int64_t id) const { return next_[static_cast<size_t>(id)]; }
 

@@ -109,13 +109,13 @@ decltype(auto) CoordinatorHolder::locked(F&& fn) {
 }
 
 CoordinatorHolder::CoordinatorHolder(int64_t num_swa_base, std::vector<int64_t> ks, std::vector<int64_t> num_slots,
-                                     int64_t block_size)
+                                     int64_t block_size, bool borrow_unreleased_swa)
     : coord_(translate_core_errors([&] {
         require(ks.size() == num_slots.size(), "ks and num_slots must have the same length, got ", ks.size(),
                 " and ", num_slots.size());
         std::vector<CompressTypeSpec> types;
         for (size_t t = 0; t < ks.size(); ++t) types.push_back({ks[t], num_slots[t]});
-        return Coordinator(num_swa_base, types, block_size);
+        return Coordinator(num_swa_base, types, block_size, borrow_unreleased_swa);
       })) {}
 
 std::vector<int64_t> CoordinatorHolder::ks() {
@@ -194,6 +194,7 @@ c10::Dict<std::string, int64_t> CoordinatorHolder::counters() {
     d.insert("swa_frees", c.swa_frees);
     d.insert("swa_claims", c.swa_claims);
     d.insert("swa_evictions", c.swa_evictions);
+    d.insert("unreleased_borrows", c.unreleased_borrows);
     for (int64_t t = 0; t < coord_.num_types(); ++t) {
       const auto& pc = coord_.pool(t).counters();
       const std::string prefix = "type" + std::to_string(t) + "_";

@@ -74,12 +74,13 @@ class TypePoolHolder : public torch::CustomClassHolder {
 class CoordinatorHolder : public torch::CustomClassHolder {
  public:
   CoordinatorHolder(int64_t num_swa_base, std::vector<int64_t> ks, std::vector<int64_t> num_slots,
-                    int64_t block_size);
+                    int64_t block_size, bool borrow_unreleased_swa);
   explicit CoordinatorHolder(Coordinator c) : coord_(std::move(c)) {}
 
   int64_t num_swa_base() const { return coord_.num_swa_base(); }
   int64_t block_size() const { return coord_.block_size(); }
   int64_t num_types() const { return coord_.num_types(); }
+  bool borrow_unreleased_swa() const { return coord_.borrow_unreleased_swa(); }
   std::vector<int64_t> ks();
   std::vector<int64_t> type_slots();
 

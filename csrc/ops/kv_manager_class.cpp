@@ -24,6 +24,7 @@ const std::map<std::string, std::function<void(KvManagerConfig&, int64_t)>>& opt
       {"retention_interval", [](KvManagerConfig& c, int64_t v) { c.retention_interval = v; }},
       {"max_num_seqs", [](KvManagerConfig& c, int64_t v) { c.max_num_seqs = v; }},
       {"max_blocks_per_seq", [](KvManagerConfig& c, int64_t v) { c.max_blocks_per_seq = v; }},
+      {"borrow_unreleased_swa", [](KvManagerConfig& c, int64_t v) { c.borrow_unreleased_swa = v != 0; }},
   };
   return setters;
 }
@@ -208,6 +209,7 @@ c10::Dict<std::string, int64_t> KvManagerHolder::stats() {
     d.insert("reclaimed_blocks", s.reclaimed_blocks);
     if (const Coordinator* c = manager_->coordinator()) {
       d.insert("swa_evictions", c->counters().swa_evictions);
+      d.insert("unreleased_borrows", c->counters().unreleased_borrows);
       for (int64_t t = 0; t < c->num_types(); ++t) {
         const std::string p = "type" + std::to_string(t) + "_";
         d.insert(p + "free_blocks", c->free_compress_blocks(t));
@@ -234,6 +236,7 @@ c10::Dict<std::string, int64_t> KvManagerHolder::config() {
     d.insert("retention_interval", c.retention_interval);
     d.insert("max_num_seqs", c.max_num_seqs);
     d.insert("max_blocks_per_seq", c.max_blocks_per_seq);
+    d.insert("borrow_unreleased_swa", c.borrow_unreleased_swa);
     d.insert("tail_blocks", manager_->tail_blocks());
     d.insert("prefill_quota_bound", manager_->prefill_quota_bound());
     d.insert("decode_quota_bound", manager_->decode_quota_bound());

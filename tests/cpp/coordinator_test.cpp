@@ -110,15 +110,18 @@ TEST(Coordinator, JointAdmissionNeverCountsOneSlotTwice) {
   EXPECT_TRUE(c.can_allocate_jointly(0, {1}));
 }
 
-TEST(Coordinator, JointAdmissionIsAPromiseInAnyOrder) {
-  // Exhaustive over small demands: whenever the check says yes, both orders
-  // of performing the allocations succeed.
+// Exhaustive over small demands: whenever the check says yes, both orders of
+// performing the allocations succeed. SWA holds slots 0-2 (num_swa - 3 slots
+// stay never used) and frees the first pre_swa of them. Returns how many
+// admitted demands were served with a lent never-used slot.
+int64_t exhaust_small_joint_demands(int64_t num_swa, bool borrow_unreleased) {
+  int64_t lent = 0;
   for (int64_t pre_swa = 0; pre_swa <= 3; ++pre_swa)
     for (int64_t n_swa = 0; n_swa <= 3; ++n_swa)
-      for (int64_t n_c = 0; n_c <= 12; ++n_c)
+      for (int64_t n_c = 0; n_c <= 4 * (num_swa + 1); ++n_c)
         for (int64_t n_h = 0; n_h <= 260; n_h += 65)
           for (int order = 0; order < 2; ++order) {
-            Coordinator c(3, {{32, 4}, {1, 4}}, 128);
+            Coordinator c(num_swa, {{32, num_swa + 1}, {1, num_swa + 1}}, 128, borrow_unreleased);
             std::vector<int64_t> held;
             for (int64_t i = 0; i < 3; ++i) held.push_back(c.alloc_swa());
             for (int64_t i = 0; i < pre_swa; ++i) c.free_swa(held[static_cast<size_t>(i)]);
@@ -129,9 +132,13 @@ TEST(Coordinator, JointAdmissionIsAPromiseInAnyOrder) {
               for (int64_t i = 0; i < n_h; ++i) c.alloc_compress(kHca);
             };
             if (order == 0) { swa(); cmp(); } else { cmp(); swa(); }
+            lent += c.counters().unreleased_borrows > 0;
             c.check_invariants();
           }
+  return lent;
 }
+
+TEST(Coordinator, JointAdmissionIsAPromiseInAnyOrder) { EXPECT_EQ(exhaust_small_joint_demands(3, false), 0); }
 
 // A borrow competes with SWA only for released slots SWA could take. A slot
 // another type already borrowed is out of SWA's reach, so lending it to a
@@ -152,12 +159,13 @@ TEST(Coordinator, JointAdmissionChargesSwaOnlyForSlotsItCouldTake) {
 // Soundness over reachable states: random SWA/compress churn (which makes the
 // pools' shared FIFOs diverge from each other and from SWA's), then every
 // small demand and every interleaving of it. Whenever the check says yes,
-// every order must succeed.
-TEST(Coordinator, JointAdmissionIsAPromiseInEveryInterleavingFromRandomStates) {
+// every order must succeed. Returns how many admitted demands had SWA and a
+// borrow competing.
+int64_t sweep_joint_admission_from_random_states(bool borrow_unreleased) {
   int64_t admitted_with_borrowing = 0;
   std::mt19937 rng(7);
   for (int trial = 0; trial < 300; ++trial) {
-    Coordinator c(3, {{128, 4}, {128, 3}, {64, 3}}, 128);  // 1, 1 and 2 blocks per slot
+    Coordinator c(3, {{128, 4}, {128, 3}, {64, 3}}, 128, borrow_unreleased);  // 1, 1 and 2 blocks per slot
     std::vector<int64_t> swa;
     std::vector<std::vector<int64_t>> held(3);
     for (int step = 0; step < 40; ++step) {
@@ -199,7 +207,15 @@ TEST(Coordinator, JointAdmissionIsAPromiseInEveryInterleavingFromRandomStates) {
             } while (std::next_permutation(order.begin(), order.end()));
           }
   }
-  EXPECT_GT(admitted_with_borrowing, 50);  // the sweep really admitted competing demands
+  return admitted_with_borrowing;
+}
+
+TEST(Coordinator, JointAdmissionIsAPromiseInEveryInterleavingFromRandomStates) {
+  EXPECT_GT(sweep_joint_admission_from_random_states(false), 50);  // it really admitted competing demands
+}
+
+TEST(Coordinator, JointAdmissionWithBorrowUnreleasedIsAPromiseInEveryInterleaving) {
+  EXPECT_GT(sweep_joint_admission_from_random_states(true), 50);
 }
 
 // Argument errors must not depend on the state: a negative demand is refused
@@ -274,8 +290,8 @@ TEST(Coordinator, FromStateRejectsInconsistentSwaRecords) {
   auto st = c.to_state();
   // The SWA records follow the header and the pools' states: find slot 0's
   // (state, cached) pair by its position from the end (2 slots x 2 values,
-  // the free list (length 1 + 1 id), the queue length, 4 counters).
-  const size_t slot0 = st.size() - (4 + 2 + 1 + 4);
+  // the free list (length 1 + 1 id), the queue length, 5 counters).
+  const size_t slot0 = st.size() - (4 + 2 + 1 + 5);
   ASSERT_EQ(st[slot0], 1);   // held
   st[slot0 + 1] = 1;         // ...yet marked as caching a released block
   EXPECT_THROW(Coordinator::from_state(st), InvalidArgument);
@@ -296,6 +312,133 @@ TEST(Coordinator, StateRoundTripContinuesIdentically) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(a.alloc_compress(kCsa), b.alloc_compress(kCsa));
   EXPECT_EQ(a.alloc_swa(), b.alloc_swa());
   EXPECT_EQ(a.take_evicted_swa(), b.take_evicted_swa());
+}
+
+// ---- borrow_unreleased_swa: compress may borrow slots SWA never used ----
+
+Coordinator make_borrowing(int64_t num_swa, int64_t num_compress_blocks) {
+  const auto slots = slot_counts(num_swa, num_compress_blocks, {32, 1}, 128);
+  return Coordinator(num_swa, {{32, slots[0]}, {1, slots[1]}}, 128, true);
+}
+
+TEST(CoordinatorBorrowUnreleased, IsOffByDefault) {
+  Coordinator c = make(4, 4);  // CSA own region: 1 slot
+  EXPECT_FALSE(c.borrow_unreleased_swa());
+  for (int i = 0; i < 4; ++i) c.alloc_compress(kCsa);
+  EXPECT_EQ(c.free_compress_blocks(kCsa), 0);  // the never-used SWA slots stay reserved
+  EXPECT_FALSE(c.has_free_compress(kCsa, 1));
+  const auto before = c.to_state();
+  EXPECT_THROW(c.alloc_compress(kCsa), OutOfSlots);
+  EXPECT_EQ(c.to_state(), before);
+}
+
+TEST(CoordinatorBorrowUnreleased, LendsTheNeverUsedSlotSwaWouldTakeLast) {
+  Coordinator c = make_borrowing(4, 4);
+  EXPECT_TRUE(c.borrow_unreleased_swa());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.alloc_compress(kCsa) / 4, 4);  // own region first
+  EXPECT_EQ(c.free_compress_blocks(kCsa), 4 * 4);  // 4 never-used slots of 4 blocks
+  EXPECT_TRUE(c.has_free_compress(kCsa, 16));
+  EXPECT_FALSE(c.has_free_compress(kCsa, 17));
+  EXPECT_EQ(c.alloc_compress(kCsa), 3 * 4);  // slot 3: the back of SWA's free list
+  EXPECT_FALSE(c.is_free_swa(3));
+  EXPECT_EQ(c.free_swa_slots(), 3);
+  EXPECT_EQ(c.pool(kHca).owner(3), SlotOwner::Free);  // lent to every pool
+  EXPECT_EQ(c.counters().unreleased_borrows, 1);
+  EXPECT_EQ(c.counters().swa_evictions, 0);  // SWA never wrote it: nothing to evict
+  EXPECT_TRUE(c.take_evicted_swa().empty());
+  EXPECT_EQ(c.free_compress_blocks(kCsa), 3 + 3 * 4);
+  c.check_invariants();
+  EXPECT_EQ(c.alloc_swa_n(3), (std::vector<int64_t>{0, 1, 2}));  // SWA's order is unchanged
+  EXPECT_THROW(c.alloc_swa(), OutOfSlots);
+  EXPECT_EQ(c.free_compress_blocks(kCsa), 3);  // the open lent slot's free blocks
+  c.check_invariants();
+}
+
+TEST(CoordinatorBorrowUnreleased, ReleasedSlotsAreBorrowedFirst) {
+  Coordinator c = make_borrowing(3, 4);
+  c.free_swa(c.alloc_swa());  // slot 0: released, may cache an SWA block
+  for (int i = 0; i < 4; ++i) c.alloc_compress(kCsa);
+  EXPECT_EQ(c.alloc_compress(kCsa) / 4, 0);  // exactly what the default would borrow
+  EXPECT_EQ(c.take_evicted_swa(), std::vector<int64_t>{0});
+  EXPECT_EQ(c.counters().unreleased_borrows, 0);
+  for (int i = 0; i < 3; ++i) c.alloc_compress(kCsa);
+  EXPECT_EQ(c.alloc_compress(kCsa) / 4, 2);  // only then a never-used one
+  EXPECT_EQ(c.counters().unreleased_borrows, 1);
+  EXPECT_TRUE(c.take_evicted_swa().empty());
+  c.check_invariants();
+}
+
+TEST(CoordinatorBorrowUnreleased, SecondTypeSharesTheLentSlotBeforeAnotherIsLent) {
+  Coordinator c = make_borrowing(3, 4);  // CSA own: 1 slot, HCA own: 1 slot
+  for (int i = 0; i < 5; ++i) c.alloc_compress(kCsa);  // lends slot 2
+  for (int i = 0; i < 128; ++i) EXPECT_EQ(c.alloc_compress(kHca) / 128, 3);  // HCA's own region
+  EXPECT_EQ(c.alloc_compress(kHca) / 128, 2);  // free in HCA's pool since it was lent
+  EXPECT_EQ(c.counters().unreleased_borrows, 1);
+  EXPECT_EQ(c.free_swa_slots(), 2);
+  c.check_invariants();
+}
+
+TEST(CoordinatorBorrowUnreleased, ALentSlotReturnsToSwaOnceCompressFreesIt) {
+  Coordinator c = make_borrowing(3, 4);
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(c.alloc_compress(kCsa));
+  c.free_compress(kCsa, ids.back());  // slot 2 empty again
+  EXPECT_TRUE(c.is_free_swa(2));
+  EXPECT_EQ(c.free_swa_slots(), 3);
+  EXPECT_EQ(c.alloc_swa_n(3), (std::vector<int64_t>{0, 1, 2}));  // rejoined at the back
+  EXPECT_TRUE(c.take_evicted_swa().empty());
+  c.check_invariants();
+  c.free_swa(2);  // now a released slot like any other: a borrow evicts its cache entry
+  EXPECT_EQ(c.alloc_compress(kCsa) / 4, 2);
+  EXPECT_EQ(c.take_evicted_swa(), std::vector<int64_t>{2});
+  EXPECT_EQ(c.counters().unreleased_borrows, 1);
+}
+
+TEST(CoordinatorBorrowUnreleased, BatchesAreAllOrNothing) {
+  Coordinator c = make_borrowing(2, 4);
+  const auto before = c.to_state();
+  EXPECT_THROW(c.alloc_compress_n(kCsa, 4 + 2 * 4 + 1), OutOfSlots);
+  EXPECT_EQ(c.to_state(), before);
+  EXPECT_EQ(c.alloc_compress_n(kCsa, 4 + 2 * 4).size(), 12u);  // own slot, then slots 1 and 0
+  EXPECT_EQ(c.counters().unreleased_borrows, 2);
+  EXPECT_EQ(c.free_swa_slots(), 0);
+  EXPECT_THROW(c.alloc_compress(kCsa), OutOfSlots);
+  c.check_invariants();
+}
+
+// Every never-used free slot is contested: SWA and compress may each take it.
+TEST(CoordinatorBorrowUnreleased, JointAdmissionCountsNeverUsedSlotsForEitherRoleOnce) {
+  Coordinator c(2, {{128, 2}, {128, 2}}, 128, true);  // no own regions, one block per slot
+  EXPECT_TRUE(c.can_allocate_jointly(0, {2, 2}));
+  EXPECT_TRUE(c.can_allocate_jointly(2, {0, 0}));
+  EXPECT_TRUE(c.can_allocate_jointly(1, {1, 0}));
+  // (1, {1, 1}) would succeed too (type 1 borrows the slot lent to type 0), but
+  // the check charges each type's borrow to SWA: conservative, never unsound.
+  EXPECT_FALSE(c.can_allocate_jointly(1, {1, 1}));
+  EXPECT_FALSE(c.can_allocate_jointly(1, {2, 0}));
+  EXPECT_FALSE(c.can_allocate_jointly(2, {0, 1}));
+  Coordinator upstream(2, {{128, 2}, {128, 2}}, 128);
+  EXPECT_FALSE(upstream.can_allocate_jointly(0, {1, 0}));
+}
+
+TEST(CoordinatorBorrowUnreleased, JointAdmissionIsAPromiseInAnyOrder) {
+  EXPECT_GT(exhaust_small_joint_demands(4, true), 0);  // slot 3 was lent in some admitted demands
+}
+
+TEST(CoordinatorBorrowUnreleased, StateCarriesTheOptionAndContinuesIdentically) {
+  Coordinator a = make_borrowing(4, 4);
+  a.free_swa(a.alloc_swa());
+  for (int i = 0; i < 6; ++i) a.alloc_compress(kCsa);  // own, slot 0 (released), then lending
+  Coordinator b = Coordinator::from_state(a.to_state());
+  EXPECT_TRUE(b.borrow_unreleased_swa());
+  EXPECT_EQ(a.to_state(), b.to_state());
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(a.alloc_compress(kCsa), b.alloc_compress(kCsa));
+  EXPECT_EQ(a.counters().unreleased_borrows, b.counters().unreleased_borrows);
+  EXPECT_EQ(a.alloc_swa(), b.alloc_swa());
+  EXPECT_FALSE(Coordinator::from_state(make(4, 4).to_state()).borrow_unreleased_swa());
+  auto st = a.to_state();
+  st[3] = 2;  // the flag follows num_swa_base, block_size and the type count
+  EXPECT_THROW(Coordinator::from_state(st), InvalidArgument);
 }
 
 }  // namespace

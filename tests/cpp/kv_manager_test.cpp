@@ -193,6 +193,36 @@ TEST(KvManager, BadConfigurations) {
   c = small_config(false);
   c.type_slots = {1, 1};
   EXPECT_THROW(KvManager{c}, InvalidArgument);
+  c = small_config(false);
+  c.borrow_unreleased_swa = true;  // the static split has no shared slots
+  EXPECT_THROW(KvManager{c}, InvalidArgument);
+}
+
+// Elastic sizing: 68 logical blocks, CSA holds them in 16 SWA slots + 1 own
+// slot. SWA has not used a slot yet, so only borrow_unreleased_swa lets a
+// long prompt in.
+TEST(KvManager, ElasticAdmissionBorrowsSwaSlotsSwaNeverUsed) {
+  for (bool lend : {false, true}) {
+    KvManagerConfig c = small_config(true);
+    c.num_logical_blocks = 68;
+    c.type_slots = {17, 17};
+    c.max_blocks_per_seq = 64;
+    c.borrow_unreleased_swa = lend;
+    KvManager m(c);
+    const auto t = tokens(40 * kBs, 1);
+    EXPECT_EQ(m.allocate(1, t.data(), 40 * kBs), lend ? 0 : -1);
+    if (!lend) continue;
+    // 40 CSA blocks: 4 in the own slot, 36 in 9 lent SWA slots; the prompt's
+    // SWA quota (4) stays free for it.
+    EXPECT_EQ(m.coordinator()->counters().unreleased_borrows, 9);
+    EXPECT_EQ(m.free_swa_slots(), 16 - 9);
+    EXPECT_EQ(m.coordinator()->counters().swa_evictions, 0);
+    prefill(m, 1, 0, t);
+    m.check_invariants();
+    const auto copy = KvManager::from_state(m.to_state());
+    EXPECT_TRUE(copy->config().borrow_unreleased_swa);
+    EXPECT_EQ(copy->to_state(), m.to_state());
+  }
 }
 
 }  // namespace

@@ -13,12 +13,15 @@ TEST(SlotList, IsAFifoWithRemovalFromAnywhere) {
   for (int64_t id : {4, 1, 5, 0}) list.push_back(id);
   EXPECT_EQ(list.size(), 4);
   EXPECT_EQ(list.front(), 4);
+  EXPECT_EQ(list.back(), 0);
   list.erase(5);  // middle
   list.erase(4);  // front
   EXPECT_EQ(list.to_vector(), (std::vector<int64_t>{1, 0}));
   list.push_back(4);  // a removed id rejoins at the back
+  EXPECT_EQ(list.back(), 4);
   EXPECT_EQ(list.pop_front(), 1);
   list.erase(4);  // back
+  EXPECT_EQ(list.back(), 0);
   EXPECT_EQ(list.to_vector(), (std::vector<int64_t>{0}));
   EXPECT_TRUE(list.contains(0));
   EXPECT_FALSE(list.contains(4));
