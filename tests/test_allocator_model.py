@@ -67,6 +67,8 @@ def torch_outcome(call):
         value = call()
     except ValueError:
         return "invalid", None
+    except TypeError:  # a non-int argument, refused before the call (BatchCalls, the drop-in batches)
+        return "bad_call", None
     except RuntimeError as exc:
         message = str(exc)
         if message.startswith("No free"):
