@@ -34,6 +34,9 @@ struct BatchTarget {
   std::vector<int64_t> alloc_n(BatchRole role, int64_t type, int64_t n) const {
     return pool ? pool->alloc_n(role, type, n) : coordinator->alloc_n(role, type, n);
   }
+  void alloc_into(BatchRole role, int64_t type, int64_t n, int64_t* out) const {
+    pool ? pool->alloc_into(role, type, n, out) : coordinator->alloc_into(role, type, n, out);
+  }
   void free_many(BatchRole role, int64_t type, const int64_t* ids, int64_t n) const {
     pool ? pool->free_many(role, type, ids, n) : coordinator->free_many(role, type, ids, n);
   }
@@ -115,8 +118,7 @@ PyObject* alloc_into(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs
   TORCH_CHECK_VALUE(out.dim() == 1 && out.scalar_type() == at::kLong && out.device().is_cpu() && out.is_contiguous(),
                     "out must be a contiguous 1-D int64 CPU tensor, got ", out.scalar_type(), " ", out.sizes(), " on ",
                     out.device(), out.is_contiguous() ? "" : " (not contiguous)");
-  const std::vector<int64_t> ids = call.target->alloc_n(call.role, call.type, out.numel());
-  if (!ids.empty()) std::memcpy(out.data_ptr<int64_t>(), ids.data(), ids.size() * sizeof(int64_t));
+  call.target->alloc_into(call.role, call.type, out.numel(), out.data_ptr<int64_t>());
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }

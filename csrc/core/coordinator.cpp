@@ -148,14 +148,19 @@ void Coordinator::free_compress(int64_t type, int64_t phys) {
   if (slot_freed && slot < num_swa_base_ && --busy_[static_cast<size_t>(slot)] == 0) swa_free_.push_back(slot);
 }
 
+// The vector forms are sized only for a batch that can succeed; otherwise the
+// _into form throws before writing anything.
 std::vector<int64_t> Coordinator::alloc_swa_n(int64_t n) {
+  std::vector<int64_t> out(n >= 0 && n <= swa_free_.size() ? static_cast<size_t>(n) : 0);
+  alloc_swa_into(n, out.data());
+  return out;
+}
+
+void Coordinator::alloc_swa_into(int64_t n, int64_t* out) {
   require_batch_size(n, "alloc_swa_n");
   require<OutOfSlots>(n <= swa_free_.size(), "No free SWA slots available (", n, " requested, ", swa_free_.size(),
                       " free)");
-  std::vector<int64_t> out;
-  out.reserve(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out.push_back(alloc_swa());
-  return out;
+  for (int64_t i = 0; i < n; ++i) out[i] = alloc_swa();
 }
 
 void Coordinator::free_swa_many(const int64_t* slots, size_t n) {
@@ -169,13 +174,17 @@ void Coordinator::free_swa_many(const int64_t* slots, size_t n) {
 
 std::vector<int64_t> Coordinator::alloc_compress_n(int64_t type, int64_t n) {
   check_type(type, "alloc_compress_n");
+  std::vector<int64_t> out(n >= 0 && n <= free_compress_blocks(type) ? static_cast<size_t>(n) : 0);
+  alloc_compress_into(type, n, out.data());
+  return out;
+}
+
+void Coordinator::alloc_compress_into(int64_t type, int64_t n, int64_t* out) {
+  check_type(type, "alloc_compress_n");
   require_batch_size(n, "alloc_compress_n");
   const int64_t avail = free_compress_blocks(type);
   require<OutOfSlots>(n <= avail, "No free KV slots available (", n, " requested, ", avail, " free)");
-  std::vector<int64_t> out;
-  out.reserve(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out.push_back(alloc_compress(type));
-  return out;
+  for (int64_t i = 0; i < n; ++i) out[i] = alloc_compress(type);
 }
 
 void Coordinator::free_compress_many(int64_t type, const int64_t* ids, size_t n) {

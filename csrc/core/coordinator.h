@@ -77,6 +77,7 @@ class Coordinator {
   // A released shared slot in which some compress pool holds blocks.
   bool compress_busy(int64_t slot) const { return busy_[static_cast<size_t>(slot)] > 0; }
   std::vector<int64_t> alloc_swa_n(int64_t n);         // all-or-nothing
+  void alloc_swa_into(int64_t n, int64_t* out);        // the same into out[0, n)
   void free_swa_many(const int64_t* slots, size_t n);  // validated first
 
   // --- compress role ---
@@ -87,6 +88,7 @@ class Coordinator {
   bool has_free_compress(int64_t type, int64_t n) const;
   int64_t free_compress_blocks(int64_t type) const;
   std::vector<int64_t> alloc_compress_n(int64_t type, int64_t n);         // all-or-nothing
+  void alloc_compress_into(int64_t type, int64_t n, int64_t* out);        // the same into out[0, n)
   void free_compress_many(int64_t type, const int64_t* ids, size_t n);    // validated first
 
   // A promise: true only when n_swa SWA allocations and compress_demand[t]

@@ -125,13 +125,18 @@ void TypePool::claim_swa(int64_t slot) {
   ++counters_.swa_allocs;
 }
 
+// The vector forms are sized only for a batch that can succeed; otherwise the
+// _into form throws before writing anything.
 std::vector<int64_t> TypePool::alloc_swa_n(int64_t n) {
+  std::vector<int64_t> out(n >= 0 && n <= free_slots() ? static_cast<size_t>(n) : 0);
+  alloc_swa_into(n, out.data());
+  return out;
+}
+
+void TypePool::alloc_swa_into(int64_t n, int64_t* out) {
   require_batch_size(n, "alloc_swa_n");
   require<OutOfSlots>(n <= free_slots(), "No free KV slots available (", n, " requested, ", free_slots(), " free)");
-  std::vector<int64_t> out;
-  out.reserve(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out.push_back(alloc_swa());
-  return out;
+  for (int64_t i = 0; i < n; ++i) out[i] = alloc_swa();
 }
 
 void TypePool::free_swa_many(const int64_t* slots, size_t n) {
@@ -143,14 +148,17 @@ void TypePool::free_swa_many(const int64_t* slots, size_t n) {
 }
 
 std::vector<int64_t> TypePool::alloc_compress_n(int64_t n) {
+  std::vector<int64_t> out(n >= 0 && n <= free_compress_blocks() ? static_cast<size_t>(n) : 0);
+  alloc_compress_into(n, out.data());
+  return out;
+}
+
+void TypePool::alloc_compress_into(int64_t n, int64_t* out) {
   require_batch_size(n, "alloc_compress_n");
   require(n == 0 || blocks_per_slot_ > 0, "alloc_compress_n: this pool has no compress role (k = 0)");
   require<OutOfSlots>(n <= free_compress_blocks(), "No free KV slots available (", n, " requested, ",
                       free_compress_blocks(), " free)");
-  std::vector<int64_t> out;
-  out.reserve(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out.push_back(alloc_compress());
-  return out;
+  for (int64_t i = 0; i < n; ++i) out[i] = alloc_compress();
 }
 
 void TypePool::free_compress_many(const int64_t* ids, size_t n) {

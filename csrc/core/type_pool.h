@@ -66,6 +66,7 @@ class TypePool {
   bool is_free_swa(int64_t slot) const;
   bool has_free_swa(int64_t n) const;
   std::vector<int64_t> alloc_swa_n(int64_t n);              // all-or-nothing
+  void alloc_swa_into(int64_t n, int64_t* out);             // the same into out[0, n)
   void free_swa_many(const int64_t* slots, size_t n);       // validated first
 
   // --- compress role ---
@@ -78,6 +79,7 @@ class TypePool {
   // what: the public operation asking, named by a range error.
   bool compress_id_is_held(int64_t phys, const char* what = "compress_id_is_held") const;
   std::vector<int64_t> alloc_compress_n(int64_t n);         // all-or-nothing
+  void alloc_compress_into(int64_t n, int64_t* out);        // the same into out[0, n)
   void free_compress_many(const int64_t* ids, size_t n);    // validated first
 
   // --- counts (all O(1)) ---

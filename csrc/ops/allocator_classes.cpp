@@ -76,6 +76,16 @@ std::vector<int64_t> TypePoolHolder::alloc_n(BatchRole role, int64_t type, int64
     return role == BatchRole::kSwa ? pool_.alloc_swa_n(n) : pool_.alloc_compress_n(n);
   });
 }
+void TypePoolHolder::alloc_into(BatchRole role, int64_t type, int64_t n, int64_t* out) {
+  locked([&] {
+    require(type == 0, "a TypePool has one compress type (0), got type ", type);
+    if (role == BatchRole::kSwa) {
+      pool_.alloc_swa_into(n, out);
+    } else {
+      pool_.alloc_compress_into(n, out);
+    }
+  });
+}
 void TypePoolHolder::free_many(BatchRole role, int64_t type, const int64_t* ids, int64_t n) {
   locked([&] {
     require(type == 0, "a TypePool has one compress type (0), got type ", type);
@@ -164,6 +174,15 @@ void CoordinatorHolder::free_compress_many(int64_t type, const at::Tensor& ids) 
 
 std::vector<int64_t> CoordinatorHolder::alloc_n(BatchRole role, int64_t type, int64_t n) {
   return locked([&] { return role == BatchRole::kSwa ? coord_.alloc_swa_n(n) : coord_.alloc_compress_n(type, n); });
+}
+void CoordinatorHolder::alloc_into(BatchRole role, int64_t type, int64_t n, int64_t* out) {
+  locked([&] {
+    if (role == BatchRole::kSwa) {
+      coord_.alloc_swa_into(n, out);
+    } else {
+      coord_.alloc_compress_into(type, n, out);
+    }
+  });
 }
 void CoordinatorHolder::free_many(BatchRole role, int64_t type, const int64_t* ids, int64_t n) {
   locked([&] {

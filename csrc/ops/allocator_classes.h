@@ -54,6 +54,7 @@ class TypePoolHolder : public torch::CustomClassHolder {
   // The batch methods on raw ids, for the tensor methods above and the CPython
   // fast path (csrc/batch_calls.cpp). A pool has one compress type: type 0.
   std::vector<int64_t> alloc_n(BatchRole role, int64_t type, int64_t n);
+  void alloc_into(BatchRole role, int64_t type, int64_t n, int64_t* out);
   void free_many(BatchRole role, int64_t type, const int64_t* ids, int64_t n);
 
   int64_t free_slots();
@@ -104,6 +105,7 @@ class CoordinatorHolder : public torch::CustomClassHolder {
   // The batch methods on raw ids (see TypePoolHolder::alloc_n); `type` is the
   // compress type, ignored for the SWA role.
   std::vector<int64_t> alloc_n(BatchRole role, int64_t type, int64_t n);
+  void alloc_into(BatchRole role, int64_t type, int64_t n, int64_t* out);
   void free_many(BatchRole role, int64_t type, const int64_t* ids, int64_t n);
 
   std::vector<int64_t> take_evicted_swa();
