@@ -16,8 +16,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <deque>
-#include <mutex>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -26,15 +25,11 @@
 namespace ukv::python {
 namespace {
 
-// Handles resolved once per op; a deque so that handed-out indices stay valid.
-struct Registry {
-  std::mutex mutex;
-  std::deque<c10::OperatorHandle> ops;
-};
+// An op's handle, resolved once and owned by the capsule that carries it.
+constexpr const char* kCapsuleName = "ukv_torch.EagerOp";
 
-Registry& registry() {
-  static Registry r;
-  return r;
+void destroy_handle(PyObject* capsule) {
+  delete static_cast<c10::OperatorHandle*>(PyCapsule_GetPointer(capsule, kCapsuleName));
 }
 
 // One argument as the schema's type wants it, or nullopt when only the
@@ -63,29 +58,23 @@ PyObject* resolve(PyObject* /*self*/, PyObject* name) {
   HANDLE_TH_ERRORS
   TORCH_CHECK_TYPE(PyUnicode_Check(name), "eager_op_handle: expected an op name such as 'ukv::csa_translate_pack'");
   const std::string qualified = PyUnicode_AsUTF8(name);
-  const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(qualified.c_str(), "");
-  Registry& r = registry();
-  const std::lock_guard<std::mutex> lock(r.mutex);
-  r.ops.push_back(op);
-  return PyLong_FromSsize_t(static_cast<Py_ssize_t>(r.ops.size() - 1));
+  auto op = std::make_unique<c10::OperatorHandle>(
+      c10::Dispatcher::singleton().findSchemaOrThrow(qualified.c_str(), ""));
+  PyObject* capsule = PyCapsule_New(op.get(), kCapsuleName, destroy_handle);
+  if (capsule != nullptr) op.release();
+  return capsule;
   END_HANDLE_TH_ERRORS
-}
-
-const c10::OperatorHandle& op_at(Py_ssize_t index) {
-  Registry& r = registry();
-  const std::lock_guard<std::mutex> lock(r.mutex);
-  TORCH_CHECK_INDEX(index >= 0 && index < static_cast<Py_ssize_t>(r.ops.size()), "eager_call: no op handle ",
-                    index);
-  return r.ops[static_cast<size_t>(index)];
 }
 
 // eager_call(handle, args_tuple) -> bool: True when the op ran here.
 PyObject* call(PyObject* /*self*/, PyObject* py_args) {
   HANDLE_TH_ERRORS
-  Py_ssize_t handle = 0;
+  PyObject* handle = nullptr;
   PyObject* args = nullptr;
-  if (!PyArg_ParseTuple(py_args, "nO!", &handle, &PyTuple_Type, &args)) return nullptr;
-  const c10::OperatorHandle& op = op_at(handle);
+  if (!PyArg_ParseTuple(py_args, "OO!", &handle, &PyTuple_Type, &args)) return nullptr;
+  TORCH_CHECK_TYPE(PyCapsule_IsValid(handle, kCapsuleName), "eager_call: the handle must come from eager_op_handle, got ",
+                   Py_TYPE(handle)->tp_name);
+  const c10::OperatorHandle& op = *static_cast<const c10::OperatorHandle*>(PyCapsule_GetPointer(handle, kCapsuleName));
   const auto& schema_args = op.schema().arguments();
   const Py_ssize_t n = PyTuple_GET_SIZE(args);
   if (at::impl::torch_function_mode_enabled() || n != static_cast<Py_ssize_t>(schema_args.size())) Py_RETURN_FALSE;
@@ -105,7 +94,7 @@ PyObject* call(PyObject* /*self*/, PyObject* py_args) {
 }
 
 PyMethodDef methods[] = {
-    {"eager_op_handle", resolve, METH_O, "eager_op_handle(qualified_name) -> int: a handle for eager_call"},
+    {"eager_op_handle", resolve, METH_O, "eager_op_handle(qualified_name) -> capsule: a handle for eager_call"},
     {"eager_call", call, METH_VARARGS,
      "eager_call(handle, args) -> bool: run the op on positional args; False = use torch.ops instead"},
     {nullptr, nullptr, 0, nullptr},
