@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 import ukv_torch
+from ukv_torch.demo.captured_decode import capture
 from index_cases import SENTINEL, Step
 from index_steps import reference_decode
 
@@ -107,17 +108,8 @@ class DecodeStep:
                                      compress_base=lay.compress_base, block_size=lay.block_size)
 
     def capture(self, tables: torch.Tensor, out: torch.Tensor) -> "torch.cuda.CUDAGraph":
-        """Capture run(tables, out); replays read whatever `tables` and the inputs hold then.
-        thread_local capture: the NCCL watchdog thread may query its events meanwhile."""
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            self.run(tables, out)  # warm-up outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-            self.run(tables, out)
-        torch.cuda.synchronize(self.device)
-        return graph
+        """Capture run(tables, out); replays read whatever `tables` and the inputs hold then."""
+        return capture(lambda: self.run(tables, out), self.device)
 
     def locate(self, flat_index: int) -> str:
         """'csa[17]' for a flat output index."""

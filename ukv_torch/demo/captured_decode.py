@@ -41,7 +41,7 @@ class CapturedDecode:
                                       out["csa_indptr"], out["hca_indptr"], window=window, index_topk=index_topk)
             build(x, tables, out)
 
-        self.graph = capture(step)
+        self.graph = capture(step, dev)
 
     def run(self, inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         for name, static in self.inputs.items():
@@ -56,15 +56,16 @@ class CapturedDecode:
         return self.outputs
 
 
-def capture(step: Callable[[], None]) -> torch.cuda.CUDAGraph:
-    """step() warmed up on a side stream, then captured."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+def capture(step: Callable[[], None], device=None) -> torch.cuda.CUDAGraph:
+    """step() warmed up on a side stream of `device`, then captured there.
+    thread_local capture: another thread (NCCL's watchdog, say) may query its
+    events meanwhile without invalidating the capture."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
         step()
-    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
         step()
-    torch.cuda.synchronize()
+    torch.cuda.synchronize(device)
     return graph
