@@ -34,13 +34,8 @@ def make_pool(request):
     return request.param
 
 
-class ViaTorchClass:
-    """Coordinator scenarios through torch.classes.ukv.Coordinator with the
-    default CSA/HCA pair; evictions are taken after each allocation."""
-
-    def __init__(self, num_swa_base, n_csa_slots, n_hca_slots, bs=128):
-        self.obj = torch.classes.ukv.Coordinator(num_swa_base, [CSA_K, HCA_K], [n_csa_slots, n_hca_slots], bs)
-        self.evicted = []
+class SwaCalls:
+    """The SWA methods, which the torch class and the drop-in name alike (on self.obj)."""
 
     def alloc_swa(self):
         return self.obj.alloc_swa()
@@ -56,6 +51,15 @@ class ViaTorchClass:
 
     def has_free_swa(self, n=1):
         return self.obj.has_free_swa(n)
+
+
+class ViaTorchClass(SwaCalls):
+    """Coordinator scenarios through torch.classes.ukv.Coordinator with the
+    default CSA/HCA pair; evictions are taken after each allocation."""
+
+    def __init__(self, num_swa_base, n_csa_slots, n_hca_slots, bs=128):
+        self.obj = torch.classes.ukv.Coordinator(num_swa_base, [CSA_K, HCA_K], [n_csa_slots, n_hca_slots], bs)
+        self.evicted = []
 
     def alloc(self, t):
         phys = self.obj.alloc_compress(t)
@@ -75,28 +79,13 @@ class ViaTorchClass:
         return self.obj.__getstate__()
 
 
-class ViaDropIn:
+class ViaDropIn(SwaCalls):
     """The same scenarios through UnifiedKvCoordinator, evictions through its callback."""
 
     def __init__(self, num_swa_base, n_csa_slots, n_hca_slots, bs=128):
         self.obj = UnifiedKvCoordinator(num_swa_base, n_csa_slots, n_hca_slots, bs)
         self.evicted = []
         self.obj.set_swa_evict_cb(self.evicted.append)
-
-    def alloc_swa(self):
-        return self.obj.alloc_swa()
-
-    def free_swa(self, slot):
-        self.obj.free_swa(slot)
-
-    def claim_swa(self, slot):
-        self.obj.claim_swa(slot)
-
-    def is_free_swa(self, slot):
-        return self.obj.is_free_swa(slot)
-
-    def has_free_swa(self, n=1):
-        return self.obj.has_free_swa(n)
 
     def alloc(self, t):
         return (self.obj.alloc_csa, self.obj.alloc_hca)[t]()

@@ -24,8 +24,6 @@ only slots SWA released) and with borrow_unreleased_swa (compress may also be
 lent slots SWA never used).
 """
 import copy
-import io
-import pickle
 import random
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from typing import Callable, Optional
 import pytest
 import torch
 
+from copies import COPY_WAYS, copy_by
 from ukv_torch import OutOfSlots, UnifiedKvCoordinator
 from allocator_model import (
     COMPRESS,
@@ -249,15 +248,7 @@ def bad_call(rng, obj, method_names):
 
 
 def round_trip(obj, rng):
-    how = rng.choice(["pickle", "deepcopy", "torch.save"])
-    if how == "pickle":
-        return pickle.loads(pickle.dumps(obj))
-    if how == "deepcopy":
-        return copy.deepcopy(obj)
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=False)
+    return copy_by(rng.choice(COPY_WAYS), obj)
 
 
 # --------------------------------------------------------------------------

@@ -3,10 +3,8 @@ torch.save / torch.load) continues identically, the same calls give the same
 ids in two instances and in another process, inconsistent states are refused,
 and the registered fake classes let a module holding the objects be traced."""
 import copy
-import io
 import json
 import os
-import pickle
 import random
 import subprocess
 import sys
@@ -16,6 +14,7 @@ import torch
 from torch._library.fake_class_registry import find_fake_class, has_fake_class, maybe_to_fake_obj
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from copies import COPY_WAYS, copy_by
 from ukv_torch import UnifiedKvCoordinator, UnifiedTypePool
 
 QUALNAMES = {"TypePool": "__torch__.torch.classes.ukv.TypePool", "Coordinator": "__torch__.torch.classes.ukv.Coordinator"}
@@ -66,18 +65,7 @@ FRONT_ENDS = {
 }
 
 
-def copy_by(how, obj):
-    if how == "pickle":
-        return pickle.loads(pickle.dumps(obj))
-    if how == "deepcopy":
-        return copy.deepcopy(obj)
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=False)
-
-
-@pytest.mark.parametrize("how", ["pickle", "deepcopy", "torch.save"])
+@pytest.mark.parametrize("how", COPY_WAYS)
 @pytest.mark.parametrize("front_end", sorted(FRONT_ENDS))
 def test_a_copy_continues_exactly_like_the_original(front_end, how):
     original = FRONT_ENDS[front_end]()
