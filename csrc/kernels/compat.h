@@ -13,6 +13,8 @@
 #define UKV_GPU_COMPILER 1
 #elif defined(__CUDACC__)
 #include <cuda_runtime.h>
+
+#include <atomic>
 #define UKV_GPU_COMPILER 1
 #endif
 
@@ -29,14 +31,71 @@ namespace ukv::gpu {
 using Stream = hipStream_t;
 using Error = hipError_t;
 constexpr Error kSuccess = hipSuccess;
-inline Error last_launch_error() { return hipGetLastError(); }
 inline const char* error_string(Error e) { return hipGetErrorString(e); }
 #elif defined(__CUDACC__)
 using Stream = cudaStream_t;
 using Error = cudaError_t;
 constexpr Error kSuccess = cudaSuccess;
-inline Error last_launch_error() { return cudaGetLastError(); }
 inline const char* error_string(Error e) { return cudaGetErrorString(e); }
+#endif
+
+// Programmatic dependent launch. A chain of small kernels (one forward's index
+// building) is bound by launch latency, not by work: each kernel waits for the
+// previous one to drain before its blocks are even scheduled. On CUDA devices
+// of compute capability 9.0 and later, launch() lets the next kernel of the
+// stream be scheduled while the previous one still runs; the kernel itself
+// calls after_prior_kernels() before it reads anything, which waits until the
+// kernels before it have finished and their writes are visible, then lets the
+// kernel after it be scheduled early in turn. Kernels launched without the
+// attribute (every ATen kernel) keep the plain stream order, so this changes
+// no result, only when blocks start. HIP has no equivalent: there launch() is
+// a plain launch and after_prior_kernels() does nothing.
+#if defined(UKV_GPU_COMPILER)
+UKV_DEVICE void after_prior_kernels() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+#endif
+
+#if defined(__HIPCC__)
+template <typename... KernelArgs, typename... Args>
+Error launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, Stream stream, const Args&... args) {
+  kernel<<<grid, block, 0, stream>>>(args...);
+  return hipGetLastError();
+}
+#elif defined(__CUDACC__)
+// Whether the current device can overlap dependent launches (compute
+// capability >= 9.0), looked up once per device.
+inline bool current_device_overlaps_launches() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<signed char> known[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
+  signed char v = known[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0;
+    v = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 ? 1 : -1;
+    known[device].store(v, std::memory_order_relaxed);
+  }
+  return v > 0;
+}
+
+template <typename... KernelArgs, typename... Args>
+Error launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, Stream stream, const Args&... args) {
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = &overlap;
+  config.numAttrs = current_device_overlaps_launches() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
 #endif
 
 }  // namespace ukv::gpu

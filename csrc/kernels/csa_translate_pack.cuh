@@ -54,6 +54,7 @@ UKV_DEVICE void load_topk_tile(const int32_t* row, int64_t col_stride, int32_t t
 
 template <int kThreads, int kVectors>
 __global__ void csa_translate_pack_kernel(CsaTranslatePackParams p) {
+  gpu::after_prior_kernels();
   constexpr int32_t kTile = kThreads * kVectors * 4;
   __shared__ int32_t staged[kTile];
   const int32_t t = blockIdx.x;

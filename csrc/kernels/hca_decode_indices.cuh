@@ -20,6 +20,7 @@ namespace ukv::kernels {
 
 template <int kThreads, int kGroup>
 __global__ void hca_decode_indices_kernel(HcaDecodeParams p, int32_t parts) {
+  gpu::after_prior_kernels();
   const ThreadGroup g = thread_group<kThreads, kGroup>();
   const int32_t t = g.item / parts;
   const int32_t part = g.item % parts;

@@ -15,10 +15,6 @@
 namespace ukv::kernels {
 namespace {
 
-// Up to this many tokens a call is latency-bound: csa_translate_pack then uses
-// small tiles (several blocks per token) so that a token's lanes are spread
-// over more multiprocessors.
-constexpr int32_t kSmallBatchTokens = 512;
 // Blocks wanted in flight for a small batch, about two per multiprocessor on
 // current data-centre GPUs; only used to split long per-token runs.
 constexpr int32_t kTargetBlocks = 256;
@@ -28,48 +24,62 @@ int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1)
 template <int kThreads, int kVectors>
 gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream) {
   const dim3 grid(p.num_tokens, ceil_div(p.topk_width, kThreads * kVectors * 4));
-  csa_translate_pack_kernel<kThreads, kVectors><<<grid, kThreads, 0, stream>>>(p);
-  return gpu::last_launch_error();
+  return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors>, grid, kThreads, stream, p);
 }
 
 }  // namespace
 
+// Tile shapes measured on an H200 (benchmarks/RESULTS.md, launch sweep): a
+// single token spreads its row over four 64-thread blocks; up to a few hundred
+// tokens a block of 256 threads takes a whole row (one wave, fewest blocks);
+// beyond, more cells per thread keep more bytes in flight per multiprocessor.
 gpu::Error launch_csa_translate_pack(const CsaTranslatePackParams& p, gpu::Stream stream) {
   if (p.num_tokens == 0 || p.topk_width == 0) return gpu::kSuccess;
-  if (p.num_tokens <= kSmallBatchTokens) return launch_csa_tiles<64, 1>(p, stream);
-  // Large batches are bandwidth-bound: 8 cells (two 16-byte loads) per thread
-  // keep more bytes in flight per multiprocessor.
+  if (p.num_tokens == 1) return launch_csa_tiles<64, 1>(p, stream);
+  if (p.num_tokens <= 256) return launch_csa_tiles<256, 1>(p, stream);
+  if (p.num_tokens <= 1024) return launch_csa_tiles<128, 2>(p, stream);
+  if (p.num_tokens <= 4096) return launch_csa_tiles<64, 4>(p, stream);
   return launch_csa_tiles<128, 2>(p, stream);
 }
 
+// One 64-thread group per token (a window is 128 cells), two groups per block:
+// the fastest of the block shapes measured for T = 64 to 4096.
 gpu::Error launch_paged_decode_indices(const PagedDecodeParams& p, gpu::Stream stream) {
   if (p.num_tokens == 0) return gpu::kSuccess;
-  constexpr int kThreads = 256;
+  constexpr int kThreads = 128;
   constexpr int kGroup = 64;
-  paged_decode_indices_kernel<kThreads, kGroup><<<ceil_div(p.num_tokens, kThreads / kGroup), kThreads, 0, stream>>>(p);
-  return gpu::last_launch_error();
+  return gpu::launch(paged_decode_indices_kernel<kThreads, kGroup>, ceil_div(p.num_tokens, kThreads / kGroup), kThreads,
+                     stream, p);
 }
 
-gpu::Error launch_hca_decode_indices(const HcaDecodeParams& p, gpu::Stream stream) {
-  if (p.num_tokens == 0) return gpu::kSuccess;
-  constexpr int kThreads = 256;
-  constexpr int kGroup = 64;
-  // A part of at least one full pass of the group's vector stores.
+namespace {
+// A token's HCA run is cut into parts of at least one full pass of a group's
+// vector stores, enough parts to fill about kTargetBlocks blocks.
+template <int kThreads, int kGroup>
+gpu::Error launch_hca_groups(const HcaDecodeParams& p, gpu::Stream stream) {
   const int64_t max_entries = static_cast<int64_t>(p.table.cols) * p.rows_per_block.value;
   const int32_t useful_parts = ceil_div(max_entries, 4 * kGroup);
   const int32_t wanted_parts = kTargetBlocks * (kThreads / kGroup) / p.num_tokens;
   const int32_t parts = std::max(1, std::min(useful_parts, wanted_parts));
   const int32_t blocks = ceil_div(static_cast<int64_t>(p.num_tokens) * parts, kThreads / kGroup);
-  hca_decode_indices_kernel<kThreads, kGroup><<<blocks, kThreads, 0, stream>>>(p, parts);
-  return gpu::last_launch_error();
+  return gpu::launch(hca_decode_indices_kernel<kThreads, kGroup>, blocks, kThreads, stream, p, parts);
+}
+}  // namespace
+
+// A few tokens: whole 256-thread blocks per part (the run is long, the batch
+// short); more: 64-thread groups, four per block. Measured on an H200.
+gpu::Error launch_hca_decode_indices(const HcaDecodeParams& p, gpu::Stream stream) {
+  if (p.num_tokens == 0) return gpu::kSuccess;
+  if (p.num_tokens <= 64) return launch_hca_groups<256, 256>(p, stream);
+  return launch_hca_groups<256, 64>(p, stream);
 }
 
 gpu::Error launch_paged_prefill_indices(const PagedPrefillParams& p, gpu::Stream stream) {
   if (p.num_tokens == 0) return gpu::kSuccess;
-  constexpr int kThreads = 256;
+  constexpr int kThreads = 128;
   constexpr int kGroup = 64;
-  paged_prefill_indices_kernel<kThreads, kGroup><<<ceil_div(p.num_tokens, kThreads / kGroup), kThreads, 0, stream>>>(p);
-  return gpu::last_launch_error();
+  return gpu::launch(paged_prefill_indices_kernel<kThreads, kGroup>, ceil_div(p.num_tokens, kThreads / kGroup), kThreads,
+                     stream, p);
 }
 
 namespace {
@@ -81,13 +91,11 @@ int32_t metadata_threads(int32_t num_tokens) {
 }  // namespace
 
 gpu::Error launch_decode_index_metadata(const DecodeMetadataParams& p, gpu::Stream stream) {
-  decode_index_metadata_kernel<<<1, metadata_threads(p.num_tokens), 0, stream>>>(p);
-  return gpu::last_launch_error();
+  return gpu::launch(decode_index_metadata_kernel, 1, metadata_threads(p.num_tokens), stream, p);
 }
 
 gpu::Error launch_prefill_index_metadata(const PrefillMetadataParams& p, gpu::Stream stream) {
-  prefill_index_metadata_kernel<<<1, metadata_threads(p.num_tokens), 0, stream>>>(p);
-  return gpu::last_launch_error();
+  return gpu::launch(prefill_index_metadata_kernel, 1, metadata_threads(p.num_tokens), stream, p);
 }
 
 }  // namespace ukv::kernels

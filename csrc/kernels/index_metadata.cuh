@@ -78,6 +78,7 @@ struct Fields {
 };
 
 __global__ void decode_index_metadata_kernel(DecodeMetadataParams p) {
+  gpu::after_prior_kernels();
   const auto counts_at = [&](int32_t t) {
     const DecodeTokenCounts c = decode_token_counts(p, t);
     return Fields<int32_t, 3>{{c.swa, c.csa, c.hca}};
@@ -87,6 +88,7 @@ __global__ void decode_index_metadata_kernel(DecodeMetadataParams p) {
 }
 
 __global__ void prefill_index_metadata_kernel(PrefillMetadataParams p) {
+  gpu::after_prior_kernels();
   const auto counts_at = [&](int32_t t) {
     const PrefillTokenCounts c = prefill_token_counts(p, t);
     return Fields<int32_t, 4>{{c.extend, c.swa, c.csa, c.hca}};

@@ -24,6 +24,7 @@ namespace ukv::kernels {
 // lookups is one memory round trip.
 template <int kThreads, int kGroup>
 __global__ void paged_decode_indices_kernel(PagedDecodeParams p) {
+  gpu::after_prior_kernels();
   const ThreadGroup g = thread_group<kThreads, kGroup>();
   const int32_t t = g.item;
   if (t >= p.num_tokens) return;

@@ -25,6 +25,7 @@ namespace ukv::kernels {
 
 template <int kThreads, int kGroup>
 __global__ void paged_prefill_indices_kernel(PagedPrefillParams p) {
+  gpu::after_prior_kernels();
   const ThreadGroup g = thread_group<kThreads, kGroup>();
   const int32_t t = g.item;
   if (t >= p.num_tokens) return;
