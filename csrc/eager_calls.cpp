@@ -6,6 +6,9 @@
 // dispatcher call, so every dispatch key (autograd fallback, tracing, dispatch
 // modes, profiling) still applies.
 //
+// The GIL is released for calls that compute on the CPU and kept for device
+// calls, which only enqueue a kernel (computes_on_host below).
+//
 // What only the Python path can do, it keeps: a call whose tensors are not
 // exactly torch.Tensor (subclasses, FakeTensor, proxies), made under a
 // TorchFunctionMode, or whose arguments do not fit the schema, returns False,
@@ -54,6 +57,18 @@ std::optional<c10::IValue> to_ivalue(PyObject* obj, const c10::TypePtr& type) {
   }
 }
 
+// Whether the call does its work on the CPU (the CPU kernels: up to
+// milliseconds for a large prefill), so that other Python threads should run
+// meanwhile. A device call only enqueues a kernel, and releasing and retaking
+// the GIL around that costs about half a microsecond, a tenth of the call;
+// the ops check that every tensor is on one device, so the first decides.
+bool computes_on_host(const torch::jit::Stack& stack) {
+  for (const c10::IValue& v : stack) {
+    if (v.isTensor()) return v.toTensor().is_cpu();
+  }
+  return true;
+}
+
 PyObject* resolve(PyObject* /*self*/, PyObject* name) {
   HANDLE_TH_ERRORS
   TORCH_CHECK_TYPE(PyUnicode_Check(name), "eager_op_handle: expected an op name such as 'ukv::csa_translate_pack'");
@@ -66,16 +81,19 @@ PyObject* resolve(PyObject* /*self*/, PyObject* name) {
   END_HANDLE_TH_ERRORS
 }
 
-// eager_call(handle, args_tuple) -> bool: True when the op ran here.
-PyObject* call(PyObject* /*self*/, PyObject* py_args) {
+// eager_call(handle, args_tuple) -> bool: True when the op ran here. A
+// METH_FASTCALL function, so that the call itself builds no argument tuple.
+PyObject* call(PyObject* /*self*/, PyObject* const* py_args, Py_ssize_t num_args) {
   HANDLE_TH_ERRORS
-  PyObject* handle = nullptr;
-  PyObject* args = nullptr;
-  if (!PyArg_ParseTuple(py_args, "OO!", &handle, &PyTuple_Type, &args)) return nullptr;
-  TORCH_CHECK_TYPE(PyCapsule_IsValid(handle, kCapsuleName), "eager_call: the handle must come from eager_op_handle, got ",
-                   Py_TYPE(handle)->tp_name);
-  const c10::OperatorHandle& op = *static_cast<const c10::OperatorHandle*>(PyCapsule_GetPointer(handle, kCapsuleName));
-  const auto& schema_args = op.schema().arguments();
+  TORCH_CHECK_TYPE(num_args == 2 && PyTuple_Check(py_args[1]), "eager_call(handle, args): expected 2 arguments, ",
+                   "the second a tuple");
+  auto* op = static_cast<const c10::OperatorHandle*>(PyCapsule_GetPointer(py_args[0], kCapsuleName));
+  if (op == nullptr) {
+    PyErr_Clear();
+    TORCH_CHECK_TYPE(false, "eager_call: the handle must come from eager_op_handle, got ", Py_TYPE(py_args[0])->tp_name);
+  }
+  PyObject* args = py_args[1];
+  const auto& schema_args = op->schema().arguments();
   const Py_ssize_t n = PyTuple_GET_SIZE(args);
   if (at::impl::torch_function_mode_enabled() || n != static_cast<Py_ssize_t>(schema_args.size())) Py_RETURN_FALSE;
   torch::jit::Stack stack;
@@ -85,9 +103,11 @@ PyObject* call(PyObject* /*self*/, PyObject* py_args) {
     if (!v) Py_RETURN_FALSE;
     stack.push_back(std::move(*v));
   }
-  {
+  if (computes_on_host(stack)) {
     const pybind11::gil_scoped_release no_gil;
-    op.callBoxed(stack);
+    op->callBoxed(stack);
+  } else {
+    op->callBoxed(stack);
   }
   Py_RETURN_TRUE;
   END_HANDLE_TH_ERRORS
@@ -95,7 +115,7 @@ PyObject* call(PyObject* /*self*/, PyObject* py_args) {
 
 PyMethodDef methods[] = {
     {"eager_op_handle", resolve, METH_O, "eager_op_handle(qualified_name) -> capsule: a handle for eager_call"},
-    {"eager_call", call, METH_VARARGS,
+    {"eager_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call)), METH_FASTCALL,
      "eager_call(handle, args) -> bool: run the op on positional args; False = use torch.ops instead"},
     {nullptr, nullptr, 0, nullptr},
 };

@@ -1,6 +1,7 @@
 """Typed wrappers of the index-building and tensor ops (``torch.ops.ukv.*``).
 
-Each wrapper calls the registered op directly; the schemas live in
+Each wrapper calls the registered op (through the eager fast path of
+``ukv_torch/_eager.py`` outside Dynamo); the schemas live in
 ``csrc/bindings.cpp`` and the contracts in SPEC.md §2. Common conventions:
 
 - ``T`` tokens: ``batch_id`` is ``[T]`` int32, a token whose batch id is outside
@@ -21,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ._eager import EagerOp
+from ._eager import EagerOp, eager_call, is_dynamo_compiling
 
 __all__ = [
     "csa_translate_pack",
@@ -68,10 +69,12 @@ def csa_translate_pack(
     Pass the physical CSA table in the unified layout, the logical one in the
     static split.
     """
-    _csa_translate_pack(
+    args = (
         topk_local, block_table, positions, batch_id, kv_indptr, skip_per_token, kv_indices,
         compress_base, window, compress_ratio, block_size,
     )
+    if is_dynamo_compiling() or not eager_call(_csa_translate_pack.handle, args):
+        _csa_translate_pack.via_torch_ops(args)
 
 
 def paged_decode_indices(
@@ -98,10 +101,12 @@ def paged_decode_indices(
     :func:`hca_decode_indices`. Omit the CSA/HCA pairs for SWA-only (MTP draft)
     layers.
     """
-    _paged_decode_indices(
+    args = (
         swa_block_table, positions, batch_id, swa_indptr, swa_indices, csa_indptr, csa_indices,
         hca_indptr, hca_indices, window, block_size,
     )
+    if is_dynamo_compiling() or not eager_call(_paged_decode_indices.handle, args):
+        _paged_decode_indices.via_torch_ops(args)
 
 
 def hca_decode_indices(
@@ -123,10 +128,12 @@ def hca_decode_indices(
     to ``hca_indices[hca_indptr[t] + e]``. The count is capped by the slice
     length and the table width. Upstream builds this on the host every step.
     """
-    _hca_decode_indices(
+    args = (
         hca_block_table, batch_id, n_committed_hca, hca_indptr, hca_indices,
         compress_base, compress_ratio, block_size,
     )
+    if is_dynamo_compiling() or not eager_call(_hca_decode_indices.handle, args):
+        _hca_decode_indices.via_torch_ops(args)
 
 
 def paged_prefill_indices(
@@ -167,11 +174,13 @@ def paged_prefill_indices(
       ``min((pos + 1) // compress_ratio, n_committed_hca[b])`` HCA entries, the
       per-token causal cap (upstream's H-e fix).
     """
-    _paged_prefill_indices(
+    args = (
         positions, batch_id, chunk_start, query_start, n_committed_hca, swa_block_table, hca_block_table,
         extend_indptr, swa_indptr, csa_indptr, hca_indptr, extend_indices, swa_indices, csa_indices,
         hca_indices, compress_base, window, compress_ratio, block_size,
     )
+    if is_dynamo_compiling() or not eager_call(_paged_prefill_indices.handle, args):
+        _paged_prefill_indices.via_torch_ops(args)
 
 
 def decode_index_metadata(
@@ -195,10 +204,12 @@ def decode_index_metadata(
     tail repeats the last value. Inside a captured graph this replaces the
     host-side cumsums.
     """
-    _decode_index_metadata(
+    args = (
         positions, batch_id, n_committed_csa, n_committed_hca, swa_indptr, csa_indptr, hca_indptr,
         window, index_topk, csa_ratio,
     )
+    if is_dynamo_compiling() or not eager_call(_decode_index_metadata.handle, args):
+        _decode_index_metadata.via_torch_ops(args)
 
 
 def prefill_index_metadata(
@@ -227,11 +238,13 @@ def prefill_index_metadata(
     :func:`paged_prefill_indices`). ``prefix_swa_count`` is the
     ``skip_per_token`` of :func:`csa_translate_pack` in prefill.
     """
-    _prefill_index_metadata(
+    args = (
         positions, batch_id, chunk_start, n_committed_csa, n_committed_hca, extend_indptr, swa_indptr,
         csa_indptr, hca_indptr, prefix_swa_count, window, index_topk,
         csa_ratio, hca_ratio,
     )
+    if is_dynamo_compiling() or not eager_call(_prefill_index_metadata.handle, args):
+        _prefill_index_metadata.via_torch_ops(args)
 
 
 def bind_compress_view(
