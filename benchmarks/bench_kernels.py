@@ -6,13 +6,15 @@ measured in this one run. Prints a markdown table; --out also writes JSON.
     python benchmarks/bench_kernels.py [--out results.json] [--iters 2000]
     python benchmarks/bench_kernels.py --device cpu --quick   # smoke run, no GPU
 
-Timing: eager = average of `iters` back-to-back calls between two CUDA events
-(per-call host cost included when it exceeds the kernel); graph = CALLS_PER_GRAPH
-calls captured in one CUDA graph, replayed between two events, per call (the
-cost of the op as one node of a captured forward, the way Triton's
-do_bench_cudagraph measures); graph x1 = a graph holding one call, per replay,
-which adds the graph launch. The header also gives the same run's floors: an
-eager ATen zero_ of 4 cells (dispatch + launch) and a one-node graph replay.
+Timing: eager = back-to-back calls between two CUDA events, the median of 5 runs
+of iters / 5 calls (per-call host cost included when it exceeds the kernel);
+graph = CALLS_PER_GRAPH calls captured in one CUDA graph, replayed between two
+events, per call (the cost of the op as one node of a captured forward, the way
+Triton's do_bench_cudagraph measures); graph x1 = a graph holding one call, per
+replay, which adds the graph launch. The header also gives the same run's
+floors: an eager ATen zero_ of 4 cells (dispatch + launch), the same zero_ as
+one of CALLS_PER_GRAPH graph nodes, and a one-node graph replay.
+
 Bytes moved count 4 bytes per int32 read and written per output cell (a
 translated top-k cell: top-k read + table read + write = 12 B), so at large
 batches "% copy" compares the kernel with a plain device-to-device copy of the
@@ -20,6 +22,7 @@ same bytes. Every case also checks that the op and the composite agree.
 """
 import argparse
 import json
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -349,23 +352,30 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def time_eager(fn, iters, device) -> float:
-    """Microseconds per call of back-to-back calls."""
+def time_eager(fn, iters, device, rounds=5) -> float:
+    """Microseconds per call of back-to-back calls: the median over `rounds` runs
+    of iters / rounds calls each (on a shared host single runs of an eager call
+    move by a microsecond or more)."""
     for _ in range(10):
         fn()
     sync(device)
-    if device.type != "cuda":
-        start = time.perf_counter()
-        for _ in range(iters):
+    calls = max(1, iters // rounds)
+    per_call = []
+    for _ in range(rounds):
+        if device.type != "cuda":
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per_call.append((time.perf_counter() - start) / calls * 1e6)
+            continue
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(calls):
             fn()
-        return (time.perf_counter() - start) / iters * 1e6
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) / iters * 1e3
+        end.record()
+        end.synchronize()
+        per_call.append(begin.elapsed_time(end) / calls * 1e3)
+    return statistics.median(per_call)
 
 
 CALLS_PER_GRAPH = 20
@@ -397,12 +407,15 @@ def time_graph(fn, iters, calls_per_graph=CALLS_PER_GRAPH) -> float:
 
 
 def floors(device, iters) -> Dict[str, Optional[float]]:
-    """What any op costs on this host and GPU: an eager ATen zero_ of 4 cells, and
-    a graph of one such node per replay."""
+    """What any op costs on this host and GPU: an eager ATen zero_ of 4 cells, the
+    same zero_ as one of CALLS_PER_GRAPH nodes of a graph (per node, the floor of
+    the graph column), and a graph of one such node per replay (the floor of the
+    graph x1 column)."""
     if device.type != "cuda":
-        return {"aten_eager_us": None, "one_node_graph_us": None}
+        return {"aten_eager_us": None, "aten_graph_node_us": None, "one_node_graph_us": None}
     cells = torch.zeros(4, dtype=torch.int32, device=device)
     return {"aten_eager_us": time_eager(cells.zero_, iters, device),
+            "aten_graph_node_us": time_graph(cells.zero_, iters),
             "one_node_graph_us": time_graph(cells.zero_, iters, calls_per_graph=1)}
 
 
@@ -435,6 +448,8 @@ def main(argv=None):
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
     parser.add_argument("--out", help="also write the results as JSON to this path")
+    parser.add_argument("--once", action="store_true",
+                        help="check every case and run each op once, no timing (for a profiler such as ncu)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -444,6 +459,12 @@ def main(argv=None):
         print("bench_kernels: ukv_torch was built without GPU support; rebuild on a CUDA torch")
         return 1
     iters = 20 if args.quick else args.iters
+    if args.once:
+        for case in build_cases(device, args.quick):
+            check(case)
+            case.run_op()
+        sync(device)
+        return 0
     copy_gbs = copy_bandwidth(device, iters)
     floor = floors(device, iters)
     rows = []
@@ -466,7 +487,8 @@ def main(argv=None):
 
     print(f"\nDevice: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; torch "
           f"{torch.__version__}; device-to-device copy {fmt(copy_gbs, 0)} GB/s; index_topk {TOPK}, window {WINDOW}, "
-          f"unified base 0; floors: eager ATen zero_ {fmt(floor['aten_eager_us'])} us, one-node graph replay "
+          f"unified base 0; floors: eager ATen zero_ {fmt(floor['aten_eager_us'])} us, the same zero_ as a graph node "
+          f"({CALLS_PER_GRAPH}/graph) {fmt(floor['aten_graph_node_us'])} us, one-node graph replay "
           f"{fmt(floor['one_node_graph_us'])} us" + ("; --quick: token counts and contexts divided by 16, labels are nominal" if args.quick
                                else "") + "\n")
     print(f"| op | case | graph us ({CALLS_PER_GRAPH}/graph) | graph x1 us | eager us | ref graph / eager us | MB moved "
