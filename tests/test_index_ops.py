@@ -3,13 +3,15 @@ does not reach: strided and wide top-k, large batches (the GPU's large-batch
 configuration), unaligned outputs (the vector-store head and tail), SWA-only
 decode, maximal and long HCA sections, and the decode-metadata edge cases."""
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import index_reference as ref
 import ukv_torch
-from index_cases import DEVICES, SENTINEL, make_decode_step, make_prefill_step, output_buffer, reference_buffer
+from index_cases import (DEVICES, SENTINEL, gpu_only, make_decode_step, make_prefill_step, output_buffer,
+                         reference_buffer)
 
 
 def unaligned_output(length, offset, device):
@@ -131,7 +133,7 @@ def test_prefill_long_chunk_at_long_prefix(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_decode_metadata_many_tokens(device):
-    """More tokens than one scan block's threads: each thread owns a run of tokens."""
+    """More tokens than one block scans: on the GPU each block sums every token before its segment."""
     rng = random.Random(6)
     contexts = [rng.randint(1, 3000) for _ in range(1500)]
     step = make_decode_step(rng, contexts=contexts, q_lens=[rng.randint(1, 3) for _ in contexts], num_padding=77)
@@ -156,3 +158,52 @@ def test_prefill_metadata_many_tokens(device):
     expected = ref.prefill_metadata(step.positions, step.batch_id, step.chunk_start, step.n_csa, step.n_hca,
                                     step.window, step.index_topk)
     assert [p.tolist() for p in ptrs] + [prefix.tolist()] == list(expected)
+
+
+# One block up to 1024 tokens (128-thread blocks up to 128), then one block per
+# 1024 tokens, each summing every token before its segment; past 128 blocks
+# (131072 tokens) a block scans its segment in several passes.
+METADATA_SIZES = [1, 63, 64, 65, 128, 129, 1000, 1024, 1025, 4096, 4097, 16384, 40000, 140000]
+
+
+def metadata_inputs(num_tokens, seed, positions_dtype):
+    """Sorted batch ids with a padded tail (-1) and scattered padding (-1 and
+    past the last sequence), positions anywhere, per-sequence counts with a
+    few negative values; prefill's chunk_start too."""
+    g = torch.Generator().manual_seed(seed)
+    num_seqs = max(1, num_tokens // 3)
+    batch_id = torch.randint(0, num_seqs, (num_tokens,), generator=g).sort().values
+    batch_id[torch.rand(num_tokens, generator=g) < 0.03] = -1
+    batch_id[torch.rand(num_tokens, generator=g) < 0.01] = num_seqs + 5
+    batch_id[num_tokens - num_tokens // 10:] = -1
+    counts = lambda hi: torch.randint(-3, hi, (num_seqs,), generator=g, dtype=torch.int32)
+    return SimpleNamespace(
+        positions=torch.randint(-2, 300000, (num_tokens,), generator=g).to(positions_dtype),
+        batch_id=batch_id.to(torch.int32), n_csa=counts(70000), n_hca=counts(2400), chunk_start=counts(300000))
+
+
+def run_metadata(x, device, prefill):
+    """The metadata op's outputs for x on device, as CPU tensors."""
+    x = SimpleNamespace(**{k: v.to(device) for k, v in vars(x).items()})
+    num_tokens = x.batch_id.shape[0]
+    num_indptrs = 4 if prefill else 3
+    ptrs = [torch.full((num_tokens + 1,), SENTINEL, dtype=torch.int32, device=device) for _ in range(num_indptrs)]
+    if prefill:
+        prefix = torch.full((num_tokens,), SENTINEL, dtype=torch.int32, device=device)
+        ukv_torch.prefill_index_metadata(x.positions, x.batch_id, x.chunk_start, x.n_csa, x.n_hca, *ptrs, prefix,
+                                         window=128, index_topk=512)
+        ptrs.append(prefix)
+    else:
+        ukv_torch.decode_index_metadata(x.positions, x.batch_id, x.n_csa, x.n_hca, *ptrs, window=128, index_topk=512)
+    return [p.cpu() for p in ptrs]
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu_only)])
+@pytest.mark.parametrize("prefill", [False, True], ids=["decode", "prefill"])
+@pytest.mark.parametrize("num_tokens", METADATA_SIZES)
+@pytest.mark.parametrize("positions_dtype", [torch.int64, torch.int32])
+def test_metadata_gpu_matches_cpu(device, num_tokens, prefill, positions_dtype):
+    """The multi-block GPU scan against the CPU op, at every launch shape."""
+    x = metadata_inputs(num_tokens, num_tokens, positions_dtype)
+    for got, want in zip(run_metadata(x, device, prefill), run_metadata(x, "cpu", prefill)):
+        assert torch.equal(got, want)

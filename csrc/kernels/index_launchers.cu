@@ -5,6 +5,7 @@
 #include "kernels/index_launchers.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/csa_translate_pack.cuh"
 #include "kernels/hca_decode_indices.cuh"
@@ -83,19 +84,50 @@ gpu::Error launch_paged_prefill_indices(const PagedPrefillParams& p, gpu::Stream
 }
 
 namespace {
-// One block covers the scan; whole wavefronts, and no more threads than tokens need.
-int32_t metadata_threads(int32_t num_tokens) {
-  const int32_t rounded = ceil_div(num_tokens, 64) * 64;
-  return std::max(64, std::min(rounded, kMetadataMaxThreads));
+// Blocks a metadata call spreads over, at most (about one per multiprocessor):
+// past that, segments grow by whole passes instead, bounding the redundant
+// segment-offset work at num_tokens * kMetadataMaxBlocks / 2 evaluations.
+constexpr int32_t kMetadataMaxBlocks = 128;
+
+struct MetadataGrid {
+  int32_t threads;  // a power of two in [kMetadataRakers, kMetadataMaxThreads]
+  int32_t segment;  // tokens per block, a multiple of threads
+  int32_t blocks;
+};
+
+// The fewest threads that cover the tokens in one pass, then one segment of
+// that many tokens per block; see index_metadata.cuh.
+MetadataGrid metadata_grid(int32_t num_tokens) {
+  int32_t threads = kMetadataRakers;
+  while (threads < num_tokens && threads < kMetadataMaxThreads) threads *= 2;
+  const int32_t passes = std::max(1, ceil_div(ceil_div(num_tokens, threads), kMetadataMaxBlocks));
+  const int32_t segment = passes * threads;
+  return {threads, segment, std::max(1, ceil_div(num_tokens, segment))};
+}
+
+// Returns launch(std::integral_constant<int, threads>, grid) for num_tokens' grid.
+template <typename Launch>
+gpu::Error launch_metadata(int32_t num_tokens, const Launch& launch) {
+  const MetadataGrid g = metadata_grid(num_tokens);
+  switch (g.threads) {
+    case 128: return launch(std::integral_constant<int, 128>{}, g);
+    case 256: return launch(std::integral_constant<int, 256>{}, g);
+    case 512: return launch(std::integral_constant<int, 512>{}, g);
+    default: return launch(std::integral_constant<int, kMetadataMaxThreads>{}, g);
+  }
 }
 }  // namespace
 
 gpu::Error launch_decode_index_metadata(const DecodeMetadataParams& p, gpu::Stream stream) {
-  return gpu::launch(decode_index_metadata_kernel, 1, metadata_threads(p.num_tokens), stream, p);
+  return launch_metadata(p.num_tokens, [&](auto threads, const MetadataGrid& g) {
+    return gpu::launch(decode_index_metadata_kernel<threads()>, g.blocks, threads(), stream, p, g.segment);
+  });
 }
 
 gpu::Error launch_prefill_index_metadata(const PrefillMetadataParams& p, gpu::Stream stream) {
-  return gpu::launch(prefill_index_metadata_kernel, 1, metadata_threads(p.num_tokens), stream, p);
+  return launch_metadata(p.num_tokens, [&](auto threads, const MetadataGrid& g) {
+    return gpu::launch(prefill_index_metadata_kernel<threads()>, g.blocks, threads(), stream, p, g.segment);
+  });
 }
 
 }  // namespace ukv::kernels
