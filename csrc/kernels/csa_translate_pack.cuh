@@ -8,9 +8,12 @@
 // (its batch id, position or skip, slice bounds and the tile's top-k cells,
 // with 16-byte loads when the row allows) is issued before any of them is
 // used, so a block waits for one memory round trip before the table lookups,
-// not three. The cells below valid_k are staged in shared memory and written
-// with aligned vector stores (store_run): loads follow the top-k row, stores
-// the output's 16-byte grid, and the two need not line up. Lanes past valid_k
+// not three. When the tile's first output cell is 16-byte aligned (every
+// token's slice in a decode batch of full windows, most prefill tokens) each
+// thread translates and stores the groups it loaded. Otherwise the cells below
+// valid_k are staged in shared memory and written with aligned vector stores
+// (store_run): loads follow the top-k row, stores the output's 16-byte grid,
+// and the two need not line up. Lanes past valid_k
 // are read but never used; reading them costs bandwidth only when a row is
 // mostly invalid (short contexts), which is when the op is cheap anyway.
 #pragma once
@@ -76,6 +79,28 @@ __global__ void csa_translate_pack_kernel(CsaTranslatePackParams p) {
   const int32_t count = static_cast<int32_t>(min_i64(valid_k - tile_start, tile_lanes));
   if (count <= 0) return;
 
+  const auto row_of = [&](int32_t entry) {
+    return compress_row(p.table, bid, entry, p.rows_per_block, p.compress_base);
+  };
+  const int64_t first = begin + tile_start;
+  if (vector_aligned(p.out, first)) {
+    // The tile's cells fall on the output's 16-byte grid as they were loaded:
+    // every thread translates and stores its own groups, no staging.
+#pragma unroll
+    for (int v = 0; v < kVectors; ++v) {
+      const int32_t lane = tile_lane<kThreads>(v, 0);
+      if (lane + 4 <= count) {
+        store_group_in_slice(p.out, bounds, first + lane,
+                             make_int4(row_of(cells[v][0]), row_of(cells[v][1]), row_of(cells[v][2]), row_of(cells[v][3])));
+      } else {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if (lane + q < count) store_in_slice(p.out, bounds, first + lane + q, row_of(cells[v][q]));
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int v = 0; v < kVectors; ++v) {
 #pragma unroll
@@ -85,11 +110,7 @@ __global__ void csa_translate_pack_kernel(CsaTranslatePackParams p) {
     }
   }
   __syncthreads();
-
-  const auto row_of_lane = [&](int32_t i) {
-    return compress_row(p.table, bid, staged[i], p.rows_per_block, p.compress_base);
-  };
-  store_run(p.out, bounds, begin + tile_start, count, row_of_lane, threadIdx.x, kThreads);
+  store_run(p.out, bounds, first, count, [&](int32_t i) { return row_of(staged[i]); }, threadIdx.x, kThreads);
 }
 
 }  // namespace ukv::kernels

@@ -33,13 +33,12 @@ gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream)
 // Tile shapes measured on an H200 (benchmarks/RESULTS.md, launch sweep): a
 // single token spreads its row over four 64-thread blocks; up to a few hundred
 // tokens a block of 256 threads takes a whole row (one wave, fewest blocks);
-// beyond, more cells per thread keep more bytes in flight per multiprocessor.
+// beyond, 128 threads of 8 cells each keep more bytes in flight per
+// multiprocessor.
 gpu::Error launch_csa_translate_pack(const CsaTranslatePackParams& p, gpu::Stream stream) {
   if (p.num_tokens == 0 || p.topk_width == 0) return gpu::kSuccess;
   if (p.num_tokens == 1) return launch_csa_tiles<64, 1>(p, stream);
   if (p.num_tokens <= 256) return launch_csa_tiles<256, 1>(p, stream);
-  if (p.num_tokens <= 1024) return launch_csa_tiles<128, 2>(p, stream);
-  if (p.num_tokens <= 4096) return launch_csa_tiles<64, 4>(p, stream);
   return launch_csa_tiles<128, 2>(p, stream);
 }
 

@@ -10,8 +10,8 @@
 //
 // One group of kGroup threads per token, several tokens per block (a token's
 // cells are too few to keep a whole block busy). The HCA run, up to a whole
-// context / hca_ratio per token, is the bulk of the bytes and goes through
-// vector stores.
+// context / hca_ratio per token, is the bulk of the bytes; it and the extend
+// run go through vector stores.
 #pragma once
 
 #include <cstdint>
@@ -45,9 +45,8 @@ __global__ void paged_prefill_indices_kernel(PagedPrefillParams p) {
   const int32_t n_hca = prefill_hca_count(p, pos, bid);
   const int32_t first_extend_row = p.query_start[bid] + w.pos_in_chunk - w.extend_count + 1;
 
-#pragma unroll 2
-  for (int32_t i = g.lane; i < w.extend_count; i += kGroup)
-    store_in_slice(p.extend, extend_bounds, extend_begin + i, first_extend_row + i);
+  store_run(p.extend, extend_bounds, extend_begin, w.extend_count, [&](int32_t i) { return first_extend_row + i; },
+            g.lane, kGroup);
 
   const int64_t csa_tail = csa_end - w.prefix_swa_count;
 #pragma unroll 2

@@ -12,6 +12,24 @@
 
 namespace ukv::kernels {
 
+// Four cells from a 16-byte aligned cell on: one vector store when all four
+// lie in the slice, else the ones that do, one by one.
+UKV_DEVICE void store_group_in_slice(const SlicedOutput& out, const SliceBounds& bounds, int64_t cell, const int4& v) {
+  if (cell >= bounds.lo && cell + 4 <= bounds.hi) {
+    *reinterpret_cast<int4*>(out.data + cell) = v;
+  } else {
+    store_in_slice(out, bounds, cell, v.x);
+    store_in_slice(out, bounds, cell + 1, v.y);
+    store_in_slice(out, bounds, cell + 2, v.z);
+    store_in_slice(out, bounds, cell + 3, v.w);
+  }
+}
+
+// Whether out.data[cell] starts a 16-byte group.
+UKV_DEVICE bool vector_aligned(const SlicedOutput& out, int64_t cell) {
+  return (reinterpret_cast<uintptr_t>(out.data + cell) & 15) == 0;
+}
+
 // out.data[start + i] = value_at(i) for i in [0, count), shared by `lanes`
 // threads (this one is `lane`; lanes >= 4). Cells outside `bounds` are dropped.
 template <typename ValueAt>
@@ -25,16 +43,7 @@ UKV_DEVICE void store_run(const SlicedOutput& out, const SliceBounds& bounds, in
   if (lane < head) store_in_slice(out, bounds, start + lane, value_at(lane));
   for (int32_t g = lane; g < groups; g += lanes) {
     const int32_t i = head + 4 * g;
-    const int64_t cell = start + i;
-    const int4 v = make_int4(value_at(i), value_at(i + 1), value_at(i + 2), value_at(i + 3));
-    if (cell >= bounds.lo && cell + 4 <= bounds.hi) {
-      *reinterpret_cast<int4*>(out.data + cell) = v;
-    } else {
-      store_in_slice(out, bounds, cell, v.x);
-      store_in_slice(out, bounds, cell + 1, v.y);
-      store_in_slice(out, bounds, cell + 2, v.z);
-      store_in_slice(out, bounds, cell + 3, v.w);
-    }
+    store_group_in_slice(out, bounds, start + i, make_int4(value_at(i), value_at(i + 1), value_at(i + 2), value_at(i + 3)));
   }
   if (tail_begin + lane < count) store_in_slice(out, bounds, start + tail_begin + lane, value_at(tail_begin + lane));
 }
