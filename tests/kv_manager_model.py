@@ -20,6 +20,10 @@ rules the C++ header documents, without looking at how the C++ computes them:
   total never exceeds what SWA can still get, and compress borrowing is
   checked against the SWA demand outstanding. Cached compress blocks that sit
   in shared slots are reclaimed for SWA, coldest slot first, when needed.
+- A true allocation takes the longest-free logical blocks; when the compress
+  pools cannot bind the never-bound ones among them, the fewest of those give
+  way to the coldest cached blocks that hold a binding (evicting their content
+  and re-using the binding).
 
 The model is deliberately slow and obvious: dicts as ordered sets, lists as
 tables. It raises AssertionError on calls a correct engine never makes; the
@@ -461,7 +465,8 @@ class KvManagerModel:
         self.swa_reserved = capacity
         self.stat = dict.fromkeys(
             ["admissions", "admission_refusals", "appends", "append_refusals", "prefix_query_blocks",
-             "compressed_hit_blocks", "prefix_hit_blocks", "reclaimed_slots", "reclaimed_blocks"], 0)
+             "compressed_hit_blocks", "prefix_hit_blocks", "reclaimed_slots", "reclaimed_blocks",
+             "compress_evictions"], 0)
 
     # ------------------------------------------------------------ helpers --
     def _blocks_for(self, tokens):
@@ -520,14 +525,41 @@ class KvManagerModel:
         if slot is not None:
             self._update_reclaimable(slot)
 
-    def _pop_block(self):
-        """A true allocation: the longest-free block, its stale hash dropped. It is
-        live at once (with any binding it retains), so no reclaim can take that."""
-        b = self.free.pop_front()
+    def _take_block(self, b):
+        """A true allocation of free block b: its stale hash dropped. It is live at
+        once (with any binding it retains), so no reclaim can take that."""
+        self.free.remove(b)
         self._forget_logical(b)
         self.ref[b] = 1
         self._live_change(b, +1)
         return b
+
+    def _fresh_blocks(self, count, skip, fits):
+        """The free blocks a true allocation of `count` takes (free-list order), as
+        (blocks, demand, evicted), or None when none fit. The longest-free ones if
+        fits(blocks, demand); otherwise, unified, a choice that allows m never-bound
+        blocks (demand m) and fills up with bound ones in free-list order, for m
+        from one below the longest-free demand down, the first that fits."""
+        order = [b for b in self.free if b not in skip]
+        unbound = [self.unified and self.binding[0][b] < 0 for b in order]
+        demand = sum(unbound[:count])
+        if fits(order[:count], demand):
+            return order[:count], demand, 0
+        if not self.unified:
+            return None
+        for m in range(demand - 1, -1, -1):
+            pick, taken = [], 0
+            for b, u in zip(order, unbound):
+                if len(pick) == count:
+                    break
+                if not u or taken < m:
+                    pick.append(b)
+                    taken += u
+            if len(pick) < count:
+                return None
+            if fits(pick, m):
+                return pick, m, demand - m
+        return None
 
     def _bind_popped(self, blocks):
         """Blocks without a binding get one first (the admission counted exactly
@@ -629,11 +661,11 @@ class KvManagerModel:
         used_hits = sum(1 for b in hit_ids if self.ref[b] > 0)
         if len(self.free) < nb - used_hits:
             return adm
-        to_pop = [b for b in self.free if b not in hit_ids][:nb - cached]
-        if self.unified:
-            adm["demand"] = sum(1 for b in to_pop if self.binding[0][b] < 0)
-        going_live = [b for b in hit_ids if self.ref[b] == 0] + to_pop
-        adm["ok"] = self._capacity_ok_with_reclaim(adm["quota"], adm["demand"], going_live)
+        free_hits = [b for b in hit_ids if self.ref[b] == 0]
+        fresh = self._fresh_blocks(nb - cached, set(hit_ids), lambda blocks, demand:
+                                   self._capacity_ok_with_reclaim(adm["quota"], demand, free_hits + blocks))
+        if fresh is not None:
+            adm.update(ok=True, fresh=fresh[0], demand=fresh[1], evicted=fresh[2])
         return adm
 
     def can_allocate(self, tokens) -> int:
@@ -668,7 +700,8 @@ class KvManagerModel:
                 swa_id = self.swa.lookup(a["hashes"][i], tokens[i * bs:(i + 1) * bs])
                 self.swa.claim(swa_id)
             self._push(s, b, swa_id)
-        popped = [self._pop_block() for _ in range(hits, a["nb"])]
+        popped = [self._take_block(b) for b in a["fresh"]]
+        self.stat["compress_evictions"] += a["evicted"]
         self._reclaim_until(a["quota"], a["demand"])
         self._bind_popped(popped)
         for b in popped:
@@ -759,10 +792,12 @@ class KvManagerModel:
 
     # ------------------------------------------------------------- decode --
     def _append_plan(self, seq_ids, q):
-        """Per sequence: (new blocks, extra quota), and whether each prefix fits."""
+        """Per sequence (new blocks, need); whether each prefix fits; and for the
+        whole batch the fresh blocks (batch order), their demand and evictions
+        and the extra SWA quota."""
         plan, fits = [], []
-        new_blocks = extra_quota = demand = 0
-        free_order = list(self.free)
+        new_blocks = extra_quota = 0
+        fresh = ([], 0, 0)
         for sid in seq_ids:
             s = self.seqs[sid]
             need = self._blocks_for(s.num_computed + q)
@@ -772,35 +807,39 @@ class KvManagerModel:
             if add == 0 and dq <= 0:
                 fits.append(True)
                 continue
-            popping = free_order[:new_blocks + add]
-            if self.unified:
-                demand += sum(1 for b in popping[new_blocks:] if self.binding[0][b] < 0)
             new_blocks += add
             extra_quota += max(0, dq)
-            fits.append(new_blocks <= len(self.free) and
-                        self._capacity_ok_with_reclaim(extra_quota, demand, popping))
-        return plan, fits, extra_quota, demand
+            quota = extra_quota
+            chosen = None
+            if new_blocks <= len(self.free):
+                chosen = self._fresh_blocks(new_blocks, set(), lambda blocks, demand:
+                                            self._capacity_ok_with_reclaim(quota, demand, blocks))
+            fits.append(chosen is not None)
+            if chosen is not None:
+                fresh = chosen
+        return plan, fits, extra_quota, fresh
 
     def can_append(self, seq_ids, q=1) -> int:
         _, fits, _, _ = self._append_plan(seq_ids, q)
         return fits.index(False) if False in fits else len(seq_ids)
 
     def append(self, seq_ids, q=1):
-        plan, fits, extra_quota, demand = self._append_plan(seq_ids, q)
+        plan, fits, extra_quota, (blocks, demand, evicted) = self._append_plan(seq_ids, q)
         if False in fits:
             self.stat["append_refusals"] += 1
             raise RuntimeError("No free KV slots available")
-        new = [[self._pop_block() for _ in range(add)] for _, add in plan]
+        popped = iter([self._take_block(b) for b in blocks])
+        self.stat["compress_evictions"] += evicted
         self._reclaim_until(extra_quota, demand)
-        self._bind_popped([b for blocks in new for b in blocks])
-        for sid, (need, _), blocks in zip(seq_ids, plan, new):
+        self._bind_popped(list(blocks))
+        for sid, (need, add) in zip(seq_ids, plan):
             s = self.seqs[sid]
             if self.swa:
                 quota = max(s.swa_quota, self._quota_for(need, True))
                 self.swa_reserved += quota - s.swa_quota
                 s.swa_quota = quota
-            for b in blocks:
-                self._push(s, b, self.swa.alloc() if self.swa else -1)
+            for _ in range(add):
+                self._push(s, next(popped), self.swa.alloc() if self.swa else -1)
             self._free_out_of_window(s, s.num_computed + 1)
             s.scheduled = q
         self.stat["appends"] += 1

@@ -175,6 +175,53 @@ def test_h3_admission_succeeds_with_every_logical_block_bound_and_the_own_region
     m.check_invariants()
 
 
+def cached_prompt_beside_free_blocks():
+    """10 physical blocks (8 shared slots + 2 own) and 10 logical blocks; a
+    4-block prompt computed and freed: the free list is never-used 4..9, then
+    its blocks last-first (3, 2, 1, 0), each cached and holding its binding."""
+    from kv_manager_model import block_hash
+    m = elastic(num_logical_blocks=10, borrow_unreleased_swa=True)
+    a = tokens(4 * BS, 1)
+    m.allocate(1, a)
+    prefill(m, 1, a)
+    phys = m.phys_table(1, 0).tolist()
+    h = []
+    for i in range(4):
+        h.append(block_hash(a[i * BS:(i + 1) * BS], h[-1] if h else None))
+    m.deallocate([1])
+    m.take_events()
+    assert m.stats()["type0_free_blocks"] == 6
+    return m, phys, h
+
+
+def test_a_fresh_request_binds_unbound_blocks_while_they_fit():
+    m, _, _ = cached_prompt_beside_free_blocks()
+    assert m.allocate(2, tokens(BS, 2)) == 0  # 1 compress block + 1 SWA slot of the 6 free
+    assert m.logical_table(2).tolist() == [4]
+    assert m.stats()["compress_evictions"] == 0 and m.take_events() == []
+
+
+def test_a_fresh_request_takes_the_coldest_cached_bindings_when_compress_is_full():
+    from kv_manager_model import as_int64
+    m, a_phys, h = cached_prompt_beside_free_blocks()
+    # 5 blocks and an SWA quota of 4: 9 of the 10 physical blocks. The longest-
+    # free blocks 4..8 have no binding, and the 6 free blocks minus SWA's 4 bind
+    # only 2, so the coldest cached blocks stand in for the last unbound ones
+    # until the rest fits: 3 (demand 4), 2 (3), then 1 (2 <= 2). Block 0 stays.
+    assert m.allocate(2, tokens(5 * BS, 2)) == 0
+    assert m.logical_table(2).tolist() == [4, 5, 3, 2, 1]
+    assert m.phys_table(2, 0).tolist()[2:] == [a_phys[3], a_phys[2], a_phys[1]]  # re-used in place
+    assert m.stats()["compress_evictions"] == 3
+    assert sorted(m.take_events()) == sorted((1, as_int64(h[i]), 0, False) for i in (1, 2, 3))
+    # Past what evicting every cached block gives, the answer is no and nothing changes.
+    assert m.can_allocate(tokens(2 * BS, 3)) == -1  # 2 compress + 2 SWA, 1 block and 1 cached left
+    assert m.allocate(3, tokens(2 * BS, 3)) == -1
+    assert m.stats()["compress_evictions"] == 3 and m.take_events() == []
+    assert m.logical_table(2).tolist() == [4, 5, 3, 2, 1] and not m.has_sequence(3)
+    assert m.stats()["free_logical_blocks"] == 5
+    m.check_invariants()
+
+
 @layouts
 def test_h7_partly_written_swa_blocks_are_never_hit(unified):
     m = manager(unified)

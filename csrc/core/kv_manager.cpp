@@ -253,10 +253,53 @@ void KvManager::unbind(int64_t id) {
 // A true allocation's logical half: the block goes live with whatever
 // binding it retains, so no reclaim can take that binding away before
 // bind_popped() decides about it.
-int64_t KvManager::pop_block() {
-  const int64_t id = logical_.pop(events_);
+int64_t KvManager::take_block(int64_t id) {
+  logical_.take(id, events_);
   on_live_change(id, +1);
   return id;
+}
+
+// ---------------------------------------------------------- fresh blocks --
+
+void KvManager::take_longest_free(FreshBlocks& fresh, int64_t add, const std::vector<int64_t>& skip) const {
+  for (; add > 0; fresh.cursor = logical_.free_list().next(fresh.cursor)) {
+    require<StateError>(fresh.cursor >= 0, "internal: the logical free list ran out");  // callers count first
+    if (std::binary_search(skip.begin(), skip.end(), fresh.cursor)) continue;
+    fresh.ids.push_back(fresh.cursor);
+    fresh.demand += coord_ && !logical_.is_bound(fresh.cursor);
+    --add;
+  }
+}
+
+// The longest-free blocks' never-bound members give way, the last first, to
+// the next cached blocks that hold a binding (the coldest ones, in free-list
+// order), one at a time until the allocation fits: each stand-in re-uses its
+// own binding (net-zero, H3) instead of a compress block the pools lack, and
+// the fewest cached blocks are evicted.
+bool KvManager::evict_cached_until_fit(FreshBlocks& fresh, const std::vector<int64_t>& skip, const FitsFn& fits) const {
+  if (!coord_) return false;
+  const SlotList& free = logical_.free_list();
+  const auto unbound = [this](int64_t id) { return !logical_.is_bound(id); };
+  while (fresh.demand > 0) {
+    while (fresh.cursor >= 0 &&
+           (std::binary_search(skip.begin(), skip.end(), fresh.cursor) || unbound(fresh.cursor)))
+      fresh.cursor = free.next(fresh.cursor);
+    if (fresh.cursor < 0) return false;  // no cached bound block left to stand in
+    fresh.ids.erase(std::find_if(fresh.ids.rbegin(), fresh.ids.rend(), unbound).base() - 1);
+    fresh.ids.push_back(fresh.cursor);
+    fresh.cursor = free.next(fresh.cursor);
+    --fresh.demand;
+    ++fresh.evicted;
+    if (fits(fresh)) return true;
+  }
+  return false;
+}
+
+bool KvManager::choose_fresh(int64_t count, const std::vector<int64_t>& skip, const FitsFn& fits,
+                             FreshBlocks& fresh) const {
+  fresh = fresh_walk();
+  take_longest_free(fresh, count, skip);
+  return fits(fresh) || evict_cached_until_fit(fresh, skip, fits);
 }
 
 // --------------------------------------------------------------- admission --
@@ -295,24 +338,22 @@ KvManager::Admission KvManager::admission(const int32_t* tokens, int64_t n) cons
     a.hit_ids.resize(static_cast<size_t>(a.cached_blocks));
   }
   int64_t used_hits = 0;
-  std::vector<int64_t> going_live;  // free hits and the blocks allocate() will pop
+  std::vector<int64_t> free_hits;  // hits claimed from the free list
   for (int64_t id : a.hit_ids) {
-    if (logical_.ref(id) > 0) ++used_hits; else going_live.push_back(id);
+    if (logical_.ref(id) > 0) ++used_hits; else free_hits.push_back(id);
   }
   if (logical_.free_count() < nb - used_hits) return a;
-  // Fresh blocks come off the free-list front, skipping the hits claimed from
-  // it; only those without a retained binding need new compress blocks.
-  std::vector<int64_t> free_hits = going_live;
   std::sort(free_hits.begin(), free_hits.end());
-  int64_t to_pop = nb - a.cached_blocks;
-  for (int64_t id = logical_.free_list().front(); to_pop > 0; id = logical_.free_list().next(id)) {
-    if (std::binary_search(free_hits.begin(), free_hits.end(), id)) continue;
-    a.compress_demand += coord_ && !logical_.is_bound(id);
-    going_live.push_back(id);
-    --to_pop;
-  }
   a.quota = swa_ ? quota_for(nb, false) : 0;
-  a.ok = capacity_ok_with_reclaim(a.quota, a.compress_demand, going_live);
+  // The free hits and the fresh blocks go live together; only fresh blocks
+  // without a retained binding need new compress blocks.
+  std::vector<int64_t> going_live;
+  const auto fits = [&](const FreshBlocks& fresh) {
+    going_live = free_hits;
+    going_live.insert(going_live.end(), fresh.ids.begin(), fresh.ids.end());
+    return capacity_ok_with_reclaim(a.quota, fresh.demand, going_live);
+  };
+  a.ok = choose_fresh(nb - a.cached_blocks, free_hits, fits, a.fresh);
   return a;
 }
 
@@ -339,7 +380,7 @@ int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n) {
   }
   Sequence s;
   s.phys.resize(static_cast<size_t>(num_types()));
-  const int64_t bs = cfg_.block_size, nb = blocks_for(n), hits = a.cached_blocks;
+  const int64_t bs = cfg_.block_size, hits = a.cached_blocks;
   const int64_t swa_hit_start = std::max<int64_t>(0, hits - tail_blocks_);
   for (int64_t i = 0; i < hits; ++i) {
     const int64_t id = a.hit_ids[static_cast<size_t>(i)];
@@ -356,8 +397,9 @@ int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n) {
   // Claim everything first: the hits and the popped blocks are then live, so
   // a reclaim cannot take their bindings (or the hits' cached KV) away.
   std::vector<int64_t> popped;
-  for (int64_t i = hits; i < nb; ++i) popped.push_back(pop_block());
-  reclaim_until(a.quota, a.compress_demand);
+  for (int64_t id : a.fresh.ids) popped.push_back(take_block(id));
+  stats_.compress_evictions += a.fresh.evicted;
+  reclaim_until(a.quota, a.fresh.demand);
   bind_popped(popped);
   for (int64_t id : popped) push_block(s, id, -1);
   s.tokens.assign(tokens, tokens + n);
@@ -370,7 +412,7 @@ int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n) {
   swa_reserved_ += a.quota;
   seqs_.emplace(seq_id, std::move(s));
   ++stats_.admissions;
-  stats_.prefix_query_blocks += nb;
+  stats_.prefix_query_blocks += blocks_for(n);
   stats_.compressed_hit_blocks += a.compressed_hit;
   stats_.prefix_hit_blocks += hits;
   return hits * bs;
@@ -521,7 +563,10 @@ void KvManager::commit_prefill(const int64_t* seq_ids, const int64_t* counts, co
 
 // ------------------------------------------------------------------ decode --
 
-int64_t KvManager::can_append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens) const {
+// How many of seq_ids (a prefix) one append() can serve jointly, with the
+// free blocks it takes for them (batch order) and the SWA quota it adds.
+int64_t KvManager::plan_append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens, FreshBlocks& fresh,
+                               int64_t& extra_quota) const {
   require(num_new_tokens >= 1 && num_new_tokens <= 1 + cfg_.mtp_k, "num_new_tokens must be in [1, 1 + mtp_k = ",
           1 + cfg_.mtp_k, "], got ", num_new_tokens);
   require_distinct_known(seq_ids, n, "can_append");
@@ -532,46 +577,57 @@ int64_t KvManager::can_append(const int64_t* seq_ids, int64_t n, int64_t num_new
     require(need <= cfg_.max_blocks_per_seq, "sequence ", seq_ids[i], " would need ", need,
             " blocks, more than max_blocks_per_seq ", cfg_.max_blocks_per_seq);
   }
-  int64_t demand = 0, extra_quota = 0;
-  std::vector<int64_t> popping;  // the free-list blocks the prefix so far would pop
-  int64_t cursor = logical_.free_list().front();
+  static const std::vector<int64_t> no_skip;
+  fresh = fresh_walk();
+  extra_quota = 0;
+  // While no cached block had to stand in, the prefix's blocks are the
+  // longest-free ones and grow with the walk; after that each prefix chooses
+  // afresh (that happens only with the compress pools full).
+  bool longest_free = true;
   for (int64_t i = 0; i < n; ++i) {
     const Sequence& s = seq(seq_ids[i]);
     const int64_t need = blocks_for(s.num_computed + num_new_tokens);
     const int64_t add = std::max<int64_t>(0, need - static_cast<int64_t>(s.logical.size()));
     const int64_t dq = swa_ ? quota_for(need, true) - s.swa_quota : 0;
     if (add == 0 && dq <= 0) continue;
-    if (static_cast<int64_t>(popping.size()) + add > logical_.free_count()) return i;
-    for (int64_t j = 0; j < add; ++j, cursor = logical_.free_list().next(cursor)) {
-      demand += coord_ && !logical_.is_bound(cursor);
-      popping.push_back(cursor);
+    const auto count = static_cast<int64_t>(fresh.ids.size()) + add;
+    if (count > logical_.free_count()) return i;
+    const int64_t quota = extra_quota + std::max<int64_t>(0, dq);
+    const auto fits = [&](const FreshBlocks& f) { return capacity_ok_with_reclaim(quota, f.demand, f.ids); };
+    if (longest_free) {
+      take_longest_free(fresh, add, no_skip);
+      longest_free = fits(fresh);
+      if (!longest_free && !evict_cached_until_fit(fresh, no_skip, fits)) return i;
+    } else if (!choose_fresh(count, no_skip, fits, fresh)) {
+      return i;
+    } else {
+      longest_free = fresh.evicted == 0;
     }
-    extra_quota += std::max<int64_t>(0, dq);
-    if (!capacity_ok_with_reclaim(extra_quota, demand, popping)) return i;
+    extra_quota = quota;
   }
   return n;
 }
 
+int64_t KvManager::can_append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens) const {
+  FreshBlocks fresh;
+  int64_t extra_quota = 0;
+  return plan_append(seq_ids, n, num_new_tokens, fresh, extra_quota);
+}
+
 void KvManager::append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens) {
-  const int64_t ok = can_append(seq_ids, n, num_new_tokens);
+  FreshBlocks fresh;
+  int64_t extra_quota = 0;
+  const int64_t ok = plan_append(seq_ids, n, num_new_tokens, fresh, extra_quota);
   if (ok < n) {
     ++stats_.append_refusals;
     throw OutOfSlots(detail::concat("No free KV slots available: only ", ok, " of ", n,
                                     " sequences can be appended (call can_append and preempt first)"));
   }
-  int64_t demand = 0, extra_quota = 0;
   std::vector<int64_t> popped;  // every sequence's new blocks, in batch order
-  for (int64_t i = 0; i < n; ++i) {
-    const Sequence& s = seq(seq_ids[i]);
-    const int64_t need = blocks_for(s.num_computed + num_new_tokens);
-    for (auto len = static_cast<int64_t>(s.logical.size()); len < need; ++len) {
-      popped.push_back(pop_block());
-      demand += coord_ && !logical_.is_bound(popped.back());
-    }
-    if (swa_) extra_quota += std::max<int64_t>(0, quota_for(need, true) - s.swa_quota);
-  }
+  for (int64_t id : fresh.ids) popped.push_back(take_block(id));
+  stats_.compress_evictions += fresh.evicted;
   // As in allocate(): the new blocks are live before any reclaim.
-  reclaim_until(extra_quota, demand);
+  reclaim_until(extra_quota, fresh.demand);
   bind_popped(popped);
   auto next = popped.begin();
   for (int64_t i = 0; i < n; ++i) {
@@ -872,7 +928,7 @@ std::vector<int64_t> KvManager::to_state() const {
                          static_cast<int64_t>(e.parent_hash), e.has_parent});
   st.insert(st.end(), {stats_.admissions, stats_.admission_refusals, stats_.appends, stats_.append_refusals,
                        stats_.prefix_query_blocks, stats_.compressed_hit_blocks, stats_.prefix_hit_blocks,
-                       stats_.reclaimed_slots, stats_.reclaimed_blocks});
+                       stats_.reclaimed_slots, stats_.reclaimed_blocks, stats_.compress_evictions});
   return st;
 }
 
@@ -936,7 +992,8 @@ std::unique_ptr<KvManager> KvManager::from_state(const std::vector<int64_t>& st)
   }
   auto& sx = m->stats_;
   for (int64_t* f : {&sx.admissions, &sx.admission_refusals, &sx.appends, &sx.append_refusals, &sx.prefix_query_blocks,
-                     &sx.compressed_hit_blocks, &sx.prefix_hit_blocks, &sx.reclaimed_slots, &sx.reclaimed_blocks})
+                     &sx.compressed_hit_blocks, &sx.prefix_hit_blocks, &sx.reclaimed_slots, &sx.reclaimed_blocks,
+                     &sx.compress_evictions})
     *f = r.next();
   require(pos == st.size(), "KvManager state has ", st.size() - pos, " trailing values");
   if (m->coord_) {  // derived maps: reverse bindings and live counts per shared slot

@@ -16,6 +16,10 @@
 // that still holds a binding is net-zero and not counted as demand (H3).
 // Cached compress blocks whose bindings occupy shared slots are reclaimed for
 // SWA, coldest slot first, only when an admission or append needs the room.
+// A true allocation takes the longest-free logical blocks; when the compress
+// pools cannot bind the never-bound ones among them, those give way to the
+// coldest cached blocks that hold a binding (evicting their content), so the
+// cache never strands compress memory that a new request needs.
 //
 // Every public operation validates its arguments and capacity first and
 // either completes or throws with no state changed. Not thread-safe (the
@@ -23,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -71,6 +76,7 @@ struct KvManagerStats {
   int64_t prefix_hit_blocks = 0;     // hits after the SWA trailing-window gate
   int64_t reclaimed_slots = 0;       // shared slots taken back from cached compress blocks
   int64_t reclaimed_blocks = 0;      // cached logical blocks dropped to do so
+  int64_t compress_evictions = 0;    // cached blocks taken (binding and all) for want of compress room
 };
 
 class KvManager {
@@ -156,11 +162,19 @@ class KvManager {
     int64_t stage_row = -1, dirty_lo = 0;
     mutable uint64_t batch_mark = 0;  // == batch_mark_ while a batch call validates it
   };
+  // The free logical blocks a true allocation takes, in free-list order.
+  struct FreshBlocks {
+    std::vector<int64_t> ids;
+    int64_t demand = 0;     // how many have no binding: new physical blocks per type
+    int64_t evicted = 0;    // cached bound blocks that stand in for never-bound ones
+    int64_t cursor = -1;    // the next free-list block the walk has not looked at
+  };
+  using FitsFn = std::function<bool(const FreshBlocks&)>;
   struct Admission {
     bool ok = false;
     int64_t compressed_hit = 0;   // compress-prefix match, before the SWA gate
     int64_t cached_blocks = 0;    // hits after the gate
-    int64_t compress_demand = 0;  // new physical blocks per type
+    FreshBlocks fresh;            // the blocks allocate() takes after the hits
     int64_t quota = 0;
     std::vector<uint64_t> hashes;
     std::vector<int64_t> hit_ids;
@@ -185,10 +199,16 @@ class KvManager {
   void reclaim_one_slot();
 
   Admission admission(const int32_t* tokens, int64_t n) const;
+  FreshBlocks fresh_walk() const { return {{}, 0, 0, logical_.free_list().front()}; }
+  void take_longest_free(FreshBlocks& fresh, int64_t add, const std::vector<int64_t>& skip) const;
+  bool evict_cached_until_fit(FreshBlocks& fresh, const std::vector<int64_t>& skip, const FitsFn& fits) const;
+  bool choose_fresh(int64_t count, const std::vector<int64_t>& skip, const FitsFn& fits, FreshBlocks& fresh) const;
+  int64_t plan_append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens, FreshBlocks& fresh,
+                      int64_t& extra_quota) const;
   int64_t bounded_hit(const int32_t* tokens, int64_t hit, const std::vector<uint64_t>& hashes) const;
   bool is_checkpoint(const Sequence& s, int64_t block) const;
 
-  int64_t pop_block();
+  int64_t take_block(int64_t id);
   void bind_popped(const std::vector<int64_t>& ids);
   void alloc_binding(int64_t type, int64_t id);
   void release_phys(int64_t type, int32_t phys);

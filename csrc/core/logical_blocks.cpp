@@ -21,12 +21,11 @@ void LogicalBlocks::forget(int64_t id, std::vector<KvEvent>& events) {
   if (contents_.forget(id)) events.push_back({KvEventKind::Removed, hash});
 }
 
-int64_t LogicalBlocks::pop(std::vector<KvEvent>& events) {
-  require<StateError>(!free_.empty(), "No free blocks available");
-  const int64_t id = free_.pop_front();
+void LogicalBlocks::take(int64_t id, std::vector<KvEvent>& events) {
+  require<StateError>(free_.contains(id), "internal: logical block ", id, " taken while not free");
+  free_.erase(id);
   forget(id, events);
   ref_[static_cast<size_t>(id)] = 1;
-  return id;
 }
 
 bool LogicalBlocks::release(int64_t id) {

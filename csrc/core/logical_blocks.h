@@ -35,10 +35,11 @@ class LogicalBlocks {
   // A prefix-cache hit: a free block leaves the free list with ref 1 and keeps
   // its hash; a used block gains a reference.
   void claim(int64_t id);
-  // A true allocation: pops the longest-free block, drops its stale hash
-  // (emitting Removed if the cache still pointed at it) and returns it with
-  // ref 1. The caller rebinds its physical blocks.
-  int64_t pop(std::vector<KvEvent>& events);
+  // A true allocation of a free block (the manager picks which: usually the
+  // longest-free one): drops its stale hash (emitting Removed if the cache
+  // still pointed at it) and gives it ref 1. The caller decides about its
+  // physical blocks.
+  void take(int64_t id, std::vector<KvEvent>& events);
   // Drops a reference; at 0 the block joins the back of the free list with its
   // hash and binding kept. Returns true when it became free.
   bool release(int64_t id);

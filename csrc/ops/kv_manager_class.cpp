@@ -207,6 +207,7 @@ c10::Dict<std::string, int64_t> KvManagerHolder::stats() {
     d.insert("prefix_hit_blocks", s.prefix_hit_blocks);
     d.insert("reclaimed_slots", s.reclaimed_slots);
     d.insert("reclaimed_blocks", s.reclaimed_blocks);
+    d.insert("compress_evictions", s.compress_evictions);
     if (const Coordinator* c = manager_->coordinator()) {
       d.insert("swa_evictions", c->counters().swa_evictions);
       d.insert("unreleased_borrows", c->counters().unreleased_borrows);
