@@ -20,10 +20,10 @@ rules the C++ header documents, without looking at how the C++ computes them:
   total never exceeds what SWA can still get, and compress borrowing is
   checked against the SWA demand outstanding. Cached compress blocks that sit
   in shared slots are reclaimed for SWA, coldest slot first, when needed.
-- A true allocation takes the longest-free logical blocks; when the compress
-  pools cannot bind the never-bound ones among them, the fewest of those give
-  way to the coldest cached blocks that hold a binding (evicting their content
-  and re-using the binding).
+- A true allocation takes the longest-free logical blocks; where the pools
+  cannot bind the never-bound ones among them without opening a shared slot,
+  or at all, the fewest of those give way to the coldest cached blocks that
+  hold a binding (evicting their content and re-using the binding).
 
 The model is deliberately slow and obvious: dicts as ordered sets, lists as
 tables. It raises AssertionError on calls a correct engine never makes; the
@@ -536,18 +536,20 @@ class KvManagerModel:
 
     def _fresh_blocks(self, count, skip, fits):
         """The free blocks a true allocation of `count` takes (free-list order), as
-        (blocks, demand, evicted), or None when none fit. The longest-free ones if
-        fits(blocks, demand); otherwise, unified, a choice that allows m never-bound
-        blocks (demand m) and fills up with bound ones in free-list order, for m
-        from one below the longest-free demand down, the first that fits."""
+        (blocks, demand, evicted), or None when none fit. A choice allowing m
+        never-bound blocks takes them first-come in free-list order and fills
+        up with bound (cached) ones; m starts at the longest-free choice's
+        demand, or, unified, at what every pool binds without opening a shared
+        slot if that is less (as far as bound blocks go); from there down the
+        first choice that fits."""
         order = [b for b in self.free if b not in skip]
         unbound = [self.unified and self.binding[0][b] < 0 for b in order]
         demand = sum(unbound[:count])
-        if fits(order[:count], demand):
-            return order[:count], demand, 0
-        if not self.unified:
-            return None
-        for m in range(demand - 1, -1, -1):
+        start = demand
+        if self.unified:
+            room = min(p.free_own_blocks() for p in self.pools if p.num_slots)
+            start = min(demand, max(room, count - unbound.count(False)))
+        for m in range(start, -1, -1):
             pick, taken = [], 0
             for b, u in zip(order, unbound):
                 if len(pick) == count:
@@ -559,6 +561,8 @@ class KvManagerModel:
                 return None
             if fits(pick, m):
                 return pick, m, demand - m
+            if not self.unified:
+                return None
         return None
 
     def _bind_popped(self, blocks):

@@ -127,22 +127,38 @@ def elastic(**overrides):
 
 
 def test_h5_and_ha_compress_borrows_only_when_its_own_region_is_full_and_drops_the_swa_entry_first():
+    m = elastic(num_logical_blocks=6, type_slots=[8 + 4])  # own region: 4 blocks
+    a = tokens(4 * BS, 1)
+    m.allocate(1, a)                         # 4 blocks: the own region, nothing borrowed (H5)
+    prefill(m, 1, a, chunk=BS)               # SWA slots 0 and 1 window-freed (released, cached)
+    assert m.stats()["type0_borrows"] == 0
+    # The own region is full of live blocks and nothing cached can stand in.
+    m.allocate(3, tokens(100, 4))            # must borrow: the longest-released shared slot, 0
+    st = m.stats()
+    assert (st["type0_borrows"], st["swa_evictions"], st["compress_evictions"]) == (1, 1, 0)
+    assert m.phys_table(3, 0).tolist() == [0]  # base 0: compress block 0 = the rows of SWA slot 0
+    m.deallocate([3, 1])  # everything cached: the probes below fit, so they show what hits
+    assert m.can_allocate(a[:BS] + tokens(50, 2)) == 0  # the evicted SWA entry is never hit again (H-a)
+    assert m.can_allocate(a[:2 * BS] + [5]) == 2        # block 1's window (slot 1) is still cached
+    m.check_invariants()
+
+
+def test_a_cached_binding_stands_in_before_compress_borrows_a_shared_slot():
     m = elastic(num_logical_blocks=4, type_slots=[8 + 3])  # own region: 3 blocks
     a = tokens(256, 1)
     m.allocate(1, a)
-    prefill(m, 1, a, chunk=BS)  # both SWA blocks fully written and published
-    m.deallocate([1])           # SWA slots 0 (window-freed) and 1 released, still cached
-    first_block = a[:BS] + tokens(50, 2)
-    assert m.can_allocate(first_block) == 1  # its SWA tail (slot 0) is cached
-    m.allocate(2, tokens(100, 3))
-    m.deallocate([2])                        # the own region is now full of retained bindings
-    assert m.stats()["type0_borrows"] == 0   # nothing borrowed while the own region had room (H5)
-    m.allocate(3, tokens(100, 4))            # must borrow: the longest-released shared slot, 0
+    prefill(m, 1, a, chunk=BS)
+    a_phys = m.phys_table(1, 0).tolist()
+    m.deallocate([1])                      # free list: 2, 3, then A's blocks last-first: 1, 0
+    m.allocate(2, tokens(100, 3))          # block 2 binds the last own block
+    # The own region is full (2 cached bindings, 1 live); free: the 2 released shared slots.
+    assert m.stats()["type0_free_blocks"] == 2
+    m.allocate(3, tokens(100, 4))          # block 3 has no binding: A's block 1 (coldest) stands in
     st = m.stats()
-    assert (st["type0_borrows"], st["swa_evictions"]) == (1, 1)
-    assert m.phys_table(3, 0).tolist() == [0]  # base 0: compress block 0 = the rows of SWA slot 0
-    assert m.can_allocate(first_block) == 0    # the evicted SWA entry is never hit again (H-a)
-    assert m.can_allocate(a + [5]) == 2        # block 1's window (slot 1) is still cached
+    assert (st["type0_borrows"], st["swa_evictions"], st["compress_evictions"]) == (0, 0, 1)
+    assert m.logical_table(3).tolist() == [1] and m.phys_table(3, 0).tolist() == [a_phys[1]]
+    m.deallocate([2, 3])
+    assert m.can_allocate(a + [5]) == 1    # block 0 is still cached, block 1 is not
     m.check_invariants()
 
 
@@ -194,30 +210,43 @@ def cached_prompt_beside_free_blocks():
     return m, phys, h
 
 
-def test_a_fresh_request_binds_unbound_blocks_while_they_fit():
-    m, _, _ = cached_prompt_beside_free_blocks()
-    assert m.allocate(2, tokens(BS, 2)) == 0  # 1 compress block + 1 SWA slot of the 6 free
-    assert m.logical_table(2).tolist() == [4]
-    assert m.stats()["compress_evictions"] == 0 and m.take_events() == []
+def test_fresh_blocks_bind_own_room_first_and_cached_ones_stand_in_for_the_rest():
+    m = elastic(num_logical_blocks=10, type_slots=[8 + 4], borrow_unreleased_swa=True)  # own region: 4
+    a = tokens(2 * BS, 1)
+    m.allocate(1, a)
+    prefill(m, 1, a)
+    a_phys = m.phys_table(1, 0).tolist()
+    m.deallocate([1])  # free list: never-used 2..9, then A's blocks last-first: 1, 0
+    m.take_events()
+    assert m.allocate(2, tokens(BS, 2)) == 0  # room in the own region: block 2 binds afresh
+    assert m.logical_table(2).tolist() == [2] and m.stats()["compress_evictions"] == 0
+    # 3 unbound blocks (3, 4, 5), 1 block of own room: the last two give way to
+    # A's cached blocks, coldest first, rather than opening a shared slot.
+    assert m.allocate(3, tokens(3 * BS, 3)) == 0
+    assert m.logical_table(3).tolist() == [3, 1, 0]
+    assert m.phys_table(3, 0).tolist()[1:] == [a_phys[1], a_phys[0]]  # re-used in place
+    st = m.stats()
+    assert (st["compress_evictions"], st["type0_borrows"]) == (2, 0)
+    m.check_invariants()
 
 
 def test_a_fresh_request_takes_the_coldest_cached_bindings_when_compress_is_full():
     from kv_manager_model import as_int64
     m, a_phys, h = cached_prompt_beside_free_blocks()
     # 5 blocks and an SWA quota of 4: 9 of the 10 physical blocks. The longest-
-    # free blocks 4..8 have no binding, and the 6 free blocks minus SWA's 4 bind
-    # only 2, so the coldest cached blocks stand in for the last unbound ones
-    # until the rest fits: 3 (demand 4), 2 (3), then 1 (2 <= 2). Block 0 stays.
+    # free blocks 4..8 have no binding and the own region is full, so every
+    # cached block stands in, the coldest first (3, 2, 1, 0); the one block
+    # left unbound borrows a shared slot.
     assert m.allocate(2, tokens(5 * BS, 2)) == 0
-    assert m.logical_table(2).tolist() == [4, 5, 3, 2, 1]
-    assert m.phys_table(2, 0).tolist()[2:] == [a_phys[3], a_phys[2], a_phys[1]]  # re-used in place
-    assert m.stats()["compress_evictions"] == 3
-    assert sorted(m.take_events()) == sorted((1, as_int64(h[i]), 0, False) for i in (1, 2, 3))
+    assert m.logical_table(2).tolist() == [4, 3, 2, 1, 0]
+    assert m.phys_table(2, 0).tolist()[1:] == a_phys[::-1]  # re-used in place
+    assert m.stats()["compress_evictions"] == 4
+    assert sorted(m.take_events()) == sorted((1, as_int64(h[i]), 0, False) for i in range(4))
     # Past what evicting every cached block gives, the answer is no and nothing changes.
-    assert m.can_allocate(tokens(2 * BS, 3)) == -1  # 2 compress + 2 SWA, 1 block and 1 cached left
+    assert m.can_allocate(tokens(2 * BS, 3)) == -1  # 2 compress + 2 SWA, 1 block left
     assert m.allocate(3, tokens(2 * BS, 3)) == -1
-    assert m.stats()["compress_evictions"] == 3 and m.take_events() == []
-    assert m.logical_table(2).tolist() == [4, 5, 3, 2, 1] and not m.has_sequence(3)
+    assert m.stats()["compress_evictions"] == 4 and m.take_events() == []
+    assert m.logical_table(2).tolist() == [4, 3, 2, 1, 0] and not m.has_sequence(3)
     assert m.stats()["free_logical_blocks"] == 5
     m.check_invariants()
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "core/block_hash.h"
 #include "core/errors.h"
@@ -271,27 +272,46 @@ void KvManager::take_longest_free(FreshBlocks& fresh, int64_t add, const std::ve
   }
 }
 
-// The longest-free blocks' never-bound members give way, the last first, to
-// the next cached blocks that hold a binding (the coldest ones, in free-list
-// order), one at a time until the allocation fits: each stand-in re-uses its
-// own binding (net-zero, H3) instead of a compress block the pools lack, and
-// the fewest cached blocks are evicted.
-bool KvManager::evict_cached_until_fit(FreshBlocks& fresh, const std::vector<int64_t>& skip, const FitsFn& fits) const {
-  if (!coord_) return false;
+// One never-bound block of the choice, the last, gives way to the next cached
+// block that holds a binding (the coldest one left, in free-list order): the
+// stand-in re-uses its own binding (net zero, H3) and its content is evicted.
+// False, with nothing changed, when no such block is left.
+bool KvManager::stand_in_cached(FreshBlocks& fresh, const std::vector<int64_t>& skip) const {
+  if (fresh.demand == 0) return false;
   const SlotList& free = logical_.free_list();
   const auto unbound = [this](int64_t id) { return !logical_.is_bound(id); };
-  while (fresh.demand > 0) {
-    while (fresh.cursor >= 0 &&
-           (std::binary_search(skip.begin(), skip.end(), fresh.cursor) || unbound(fresh.cursor)))
-      fresh.cursor = free.next(fresh.cursor);
-    if (fresh.cursor < 0) return false;  // no cached bound block left to stand in
-    fresh.ids.erase(std::find_if(fresh.ids.rbegin(), fresh.ids.rend(), unbound).base() - 1);
-    fresh.ids.push_back(fresh.cursor);
-    fresh.cursor = free.next(fresh.cursor);
-    --fresh.demand;
-    ++fresh.evicted;
-    if (fits(fresh)) return true;
+  int64_t id = fresh.cursor;
+  while (id >= 0 && (std::binary_search(skip.begin(), skip.end(), id) || unbound(id))) id = free.next(id);
+  if (id < 0) return false;
+  fresh.ids.erase(std::find_if(fresh.ids.rbegin(), fresh.ids.rend(), unbound).base() - 1);
+  fresh.ids.push_back(id);
+  fresh.cursor = free.next(id);
+  --fresh.demand;
+  ++fresh.evicted;
+  return true;
+}
+
+// Compress blocks every type can bind without opening a shared slot.
+int64_t KvManager::room_without_borrowing() const {
+  int64_t room = std::numeric_limits<int64_t>::max();
+  for (int64_t t = 0; t < num_types(); ++t)
+    if (coord_->pool(t).enabled()) room = std::min(room, coord_->pool(t).free_own_compress_blocks());
+  return room;
+}
+
+// From the longest-free choice: cached blocks stand in before compress opens
+// a shared slot (a live block there pins the slot, and SWA cannot have it
+// back until its sequence ends, while a cached block gives its binding up at
+// once), then one more at a time until the allocation fits, so the fewest
+// are evicted.
+bool KvManager::settle_fresh(FreshBlocks& fresh, const std::vector<int64_t>& skip, const FitsFn& fits) const {
+  if (!coord_) return fits(fresh);
+  const int64_t room = room_without_borrowing();
+  while (fresh.demand > room && stand_in_cached(fresh, skip)) {
   }
+  if (fits(fresh)) return true;
+  while (stand_in_cached(fresh, skip))
+    if (fits(fresh)) return true;
   return false;
 }
 
@@ -299,7 +319,7 @@ bool KvManager::choose_fresh(int64_t count, const std::vector<int64_t>& skip, co
                              FreshBlocks& fresh) const {
   fresh = fresh_walk();
   take_longest_free(fresh, count, skip);
-  return fits(fresh) || evict_cached_until_fit(fresh, skip, fits);
+  return settle_fresh(fresh, skip, fits);
 }
 
 // --------------------------------------------------------------- admission --
@@ -596,13 +616,11 @@ int64_t KvManager::plan_append(const int64_t* seq_ids, int64_t n, int64_t num_ne
     const auto fits = [&](const FreshBlocks& f) { return capacity_ok_with_reclaim(quota, f.demand, f.ids); };
     if (longest_free) {
       take_longest_free(fresh, add, no_skip);
-      longest_free = fits(fresh);
-      if (!longest_free && !evict_cached_until_fit(fresh, no_skip, fits)) return i;
+      if (!settle_fresh(fresh, no_skip, fits)) return i;
     } else if (!choose_fresh(count, no_skip, fits, fresh)) {
       return i;
-    } else {
-      longest_free = fresh.evicted == 0;
     }
+    longest_free = fresh.evicted == 0;
     extra_quota = quota;
   }
   return n;

@@ -16,10 +16,11 @@
 // that still holds a binding is net-zero and not counted as demand (H3).
 // Cached compress blocks whose bindings occupy shared slots are reclaimed for
 // SWA, coldest slot first, only when an admission or append needs the room.
-// A true allocation takes the longest-free logical blocks; when the compress
-// pools cannot bind the never-bound ones among them, those give way to the
-// coldest cached blocks that hold a binding (evicting their content), so the
-// cache never strands compress memory that a new request needs.
+// A true allocation takes the longest-free logical blocks; where binding the
+// never-bound ones among them would open a shared slot, or would not fit at
+// all, the fewest of those give way to the coldest cached blocks that hold a
+// binding (evicting their content), so the cache never strands compress
+// memory and live compress blocks pin no SWA slot the cache could spare.
 //
 // Every public operation validates its arguments and capacity first and
 // either completes or throws with no state changed. Not thread-safe (the
@@ -201,7 +202,9 @@ class KvManager {
   Admission admission(const int32_t* tokens, int64_t n) const;
   FreshBlocks fresh_walk() const { return {{}, 0, 0, logical_.free_list().front()}; }
   void take_longest_free(FreshBlocks& fresh, int64_t add, const std::vector<int64_t>& skip) const;
-  bool evict_cached_until_fit(FreshBlocks& fresh, const std::vector<int64_t>& skip, const FitsFn& fits) const;
+  bool stand_in_cached(FreshBlocks& fresh, const std::vector<int64_t>& skip) const;
+  int64_t room_without_borrowing() const;
+  bool settle_fresh(FreshBlocks& fresh, const std::vector<int64_t>& skip, const FitsFn& fits) const;
   bool choose_fresh(int64_t count, const std::vector<int64_t>& skip, const FitsFn& fits, FreshBlocks& fresh) const;
   int64_t plan_append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens, FreshBlocks& fresh,
                       int64_t& extra_quota) const;
