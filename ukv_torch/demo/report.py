@@ -10,7 +10,7 @@ COLUMNS = [
     ("peak_compress_rows", "peak cmp rows"), ("mean_util", "mean util"),
     ("util_at_first_refusal", "util @1st refusal"),
     ("fullest_tensor_at_first_refusal", "fullest tensor @1st refusal"), ("prefix_hit_rate", "hit rate"), ("borrows", "borrows"),
-    ("swa_evictions", "SWA evict"), ("reclaimed_slots", "reclaimed"), ("preemptions", "preempt"),
+    ("swa_evictions", "SWA evict"), ("reclaimed_slots", "reclaimed"), ("compress_evictions", "cached reused"), ("preemptions", "preempt"),
     ("admission_refusals", "refusals"), ("mean_stranded_rows_at_refusal", "stranded rows"),
     ("checked_indices", "indices checked"), ("decode_graph_replays", "graph replays"), ("mismatches", "mismatches"),
 ]

@@ -97,6 +97,7 @@ class LayoutResult:
             "borrows": sum(v for k, v in s.items() if k.endswith("_borrows")),
             "swa_evictions": s.get("swa_evictions", 0),
             "reclaimed_slots": s.get("reclaimed_slots", 0),
+            "compress_evictions": s.get("compress_evictions", 0),
             "preemptions": self.preemptions,
             "admission_refusals": self.refusals,
             "unservable_requests": self.unservable,
