@@ -796,7 +796,7 @@ class KvManagerModel:
 
     # ------------------------------------------------------------- decode --
     def _append_plan(self, seq_ids, q):
-        """Per sequence (new blocks, need); whether each prefix fits; and for the
+        """Per sequence (need, new blocks); whether each prefix fits; and for the
         whole batch the fresh blocks (batch order), their demand and evictions
         and the extra SWA quota."""
         plan, fits = [], []

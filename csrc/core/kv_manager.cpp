@@ -603,7 +603,6 @@ int64_t KvManager::plan_append(const int64_t* seq_ids, int64_t n, int64_t num_ne
   // While no cached block had to stand in, the prefix's blocks are the
   // longest-free ones and grow with the walk; after that each prefix chooses
   // afresh (that happens only with the compress pools full).
-  bool longest_free = true;
   for (int64_t i = 0; i < n; ++i) {
     const Sequence& s = seq(seq_ids[i]);
     const int64_t need = blocks_for(s.num_computed + num_new_tokens);
@@ -614,13 +613,12 @@ int64_t KvManager::plan_append(const int64_t* seq_ids, int64_t n, int64_t num_ne
     if (count > logical_.free_count()) return i;
     const int64_t quota = extra_quota + std::max<int64_t>(0, dq);
     const auto fits = [&](const FreshBlocks& f) { return capacity_ok_with_reclaim(quota, f.demand, f.ids); };
-    if (longest_free) {
+    if (fresh.evicted == 0) {
       take_longest_free(fresh, add, no_skip);
       if (!settle_fresh(fresh, no_skip, fits)) return i;
     } else if (!choose_fresh(count, no_skip, fits, fresh)) {
       return i;
     }
-    longest_free = fresh.evicted == 0;
     extra_quota = quota;
   }
   return n;

@@ -77,7 +77,7 @@ struct KvManagerStats {
   int64_t prefix_hit_blocks = 0;     // hits after the SWA trailing-window gate
   int64_t reclaimed_slots = 0;       // shared slots taken back from cached compress blocks
   int64_t reclaimed_blocks = 0;      // cached logical blocks dropped to do so
-  int64_t compress_evictions = 0;    // cached blocks taken (binding and all) for want of compress room
+  int64_t compress_evictions = 0;    // cached blocks that stood in for never-bound ones (content evicted)
 };
 
 class KvManager {
