@@ -135,7 +135,7 @@ TORCH_LIBRARY(ukv, m) {
         &ukv::ops::compress_base_row);
   m.def("plan_kv_layout(int budget_bytes, int[] compress_ratios, int head_dim, int kv_elem_bytes, "
         "int rope_head_dim, int rope_elem_bytes, int indexer_bytes_per_block, int block_size, int window, "
-        "int mtp_k, int max_num_seqs, bool full_retain, float swa_budget_frac, str mode) "
+        "int mtp_k, int max_num_seqs, int? max_num_batched_tokens, bool full_retain, float swa_budget_frac, str mode) "
         "-> (int[] summary, int[] compress_ks, int[] type_slots, int[] layer_rows)",
         &ukv::ops::plan_kv_layout);
 

@@ -14,8 +14,9 @@ def row_bytes(head_dim=512, kv=1, rope=64, rope_b=2):
     return head_dim * kv + rope * rope_b
 
 
-def expected_swa_blocks(max_num_seqs, window=128, mtp_k=0):
-    return max_num_seqs * (math.ceil((window + mtp_k) / BS) + 1) + 64
+def expected_swa_blocks(max_num_seqs, window=128, mtp_k=0, max_num_batched_tokens=None, bs=BS):
+    chunk_blocks = 64 if max_num_batched_tokens is None else math.ceil(max_num_batched_tokens / bs)
+    return max_num_seqs * (math.ceil((window + mtp_k) / bs) + 1) + chunk_blocks
 
 
 def tensor_bytes(plan, ratios, rb=row_bytes()):
@@ -65,6 +66,36 @@ def test_elastic_covers_every_physical_compress_block_and_fits():
     assert m.config()["borrow_unreleased_swa"] == 1
 
 
+@pytest.mark.parametrize("mode", ["static", "upstream", "elastic"])
+@pytest.mark.parametrize("seqs, tokens, window, mtp_k, bs", [
+    (32, 2048, 128, 0, 128),   # the demo's step: 32 x 2 + 16
+    (8, 1, 128, 0, 128),       # a single token still spans a block
+    (64, 8193, 256, 2, 128),   # windows of 3 blocks, a partial last chunk block
+    (16, 4096, 128, 0, 256),   # blocks of 256 rows
+])
+def test_swa_pool_follows_the_step_token_budget(mode, seqs, tokens, window, mtp_k, bs):
+    plan = plan_kv_layout(1 << 30, [4, 128, 0], max_num_seqs=seqs, max_num_batched_tokens=tokens, window=window,
+                          mtp_k=mtp_k, block_size=bs, mode=mode)
+    assert plan.num_swa_blocks == expected_swa_blocks(seqs, window, mtp_k, tokens, bs)
+
+
+def test_upstreams_fixed_chunk_allowance_is_8192_tokens_at_block_128():
+    for mode in ("static", "upstream", "elastic"):
+        default = plan_kv_layout(1 << 30, [4, 128, 0], max_num_seqs=32, mode=mode)
+        assert default.num_swa_blocks == 32 * 2 + 64
+        assert plan_kv_layout(1 << 30, [4, 128, 0], max_num_seqs=32, max_num_batched_tokens=8192,
+                              mode=mode) == default
+
+
+def test_a_smaller_step_budget_frees_rows_for_compress():
+    big = plan_kv_layout(64 << 20, [0, 4, 4, 128, 128], max_num_seqs=32, mode="elastic")
+    small = plan_kv_layout(64 << 20, [0, 4, 4, 128, 128], max_num_seqs=32, max_num_batched_tokens=2048,
+                           mode="elastic")
+    assert small.num_swa_blocks == big.num_swa_blocks - 48
+    assert small.num_logical_blocks > big.num_logical_blocks
+    assert small.total_bytes <= 64 << 20
+
+
 def test_rows_agree_with_the_sizing_ops():
     ratios = [4, 128, 0]
     plan = plan_kv_layout(1 << 30, ratios, mode="upstream", max_num_seqs=8)
@@ -79,6 +110,8 @@ def test_rows_agree_with_the_sizing_ops():
     (dict(mode="dynamic"), "mode"),
     (dict(budget_bytes=1 << 20), "SWA region"),
     (dict(swa_budget_frac=1.5, full_retain=True), "swa_budget_frac"),
+    (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
+    (dict(max_num_batched_tokens=-128), "max_num_batched_tokens"),
 ])
 def test_bad_arguments_name_the_argument(kwargs, message):
     args = dict(budget_bytes=1 << 30, compress_ratios=[4, 128])

@@ -16,7 +16,7 @@ out. Three modes under one budget:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -69,18 +69,25 @@ class KvPlan:
 def plan_kv_layout(budget_bytes: int, compress_ratios: Sequence[int], *, head_dim: int = 512,
                    kv_elem_bytes: int = 1, rope_head_dim: int = 64, rope_elem_bytes: int = 2,
                    indexer_bytes_per_block: int = V4_INDEXER_BYTES_PER_BLOCK, block_size: int = 128,
-                   window: int = 128, mtp_k: int = 0, max_num_seqs: int = 256, full_retain: bool = False,
+                   window: int = 128, mtp_k: int = 0, max_num_seqs: int = 256,
+                   max_num_batched_tokens: Optional[int] = None, full_retain: bool = False,
                    swa_budget_frac: float = 0.2, mode: str = "elastic") -> KvPlan:
     """Lay out the KV memory of a model with these layers (4 CSA, 128 HCA, 0 dense) in budget_bytes.
 
     Defaults are DeepSeek-V4 in fp8 mode: 512-wide latent fp8 rows plus a
     64-wide bf16 rope plane, the lightning indexer charged per CSA layer.
-    The SWA pool follows upstream: max_num_seqs x (ceil((window+mtp_k)/bs)+1)+64
-    blocks, or swa_budget_frac of the budget with full_retain.
+    The SWA pool holds every running sequence's window plus the blocks one
+    step's prefill chunks span: max_num_seqs x (ceil((window+mtp_k)/bs)+1) +
+    ceil(max_num_batched_tokens/bs) blocks. Left at None, the chunk term is
+    upstream's fixed 64 blocks (8192 tokens at block 128), so the plan
+    is upstream's; an engine with a smaller token budget should pass it,
+    or every layer tensor carries SWA rows no step can fill. With full_retain
+    the SWA pool is swa_budget_frac of the budget instead.
     """
     summary, ks, slots, rows = torch.ops.ukv.plan_kv_layout(
         budget_bytes, list(compress_ratios), head_dim, kv_elem_bytes, rope_head_dim, rope_elem_bytes,
-        indexer_bytes_per_block, block_size, window, mtp_k, max_num_seqs, full_retain, swa_budget_frac, mode)
+        indexer_bytes_per_block, block_size, window, mtp_k, max_num_seqs, max_num_batched_tokens, full_retain,
+        swa_budget_frac, mode)
     (num_swa, num_logical, kv_bytes, rope_bytes, indexer_bytes, total, swa_block, compressed_block) = summary
     return KvPlan(mode, num_swa, num_logical, tuple(ks), tuple(slots), tuple(rows), kv_bytes, rope_bytes,
                   indexer_bytes, total, swa_block, compressed_block)

@@ -22,6 +22,8 @@ void validate(int64_t budget, const ModelKvSpec& m, const ServeSpec& s) {
   require(m.indexer_bytes_per_block >= 0, "indexer_bytes_per_block must be >= 0");
   require(s.block_size > 0 && s.window >= 0 && s.mtp_k >= 0 && s.max_num_seqs > 0,
           "block_size and max_num_seqs must be > 0, window and mtp_k >= 0");
+  require(!s.max_num_batched_tokens || *s.max_num_batched_tokens > 0, "max_num_batched_tokens must be > 0, got ",
+          s.max_num_batched_tokens.value_or(0));
   require(s.swa_budget_frac > 0.0 && s.swa_budget_frac < 1.0, "swa_budget_frac must be in (0, 1), got ",
           s.swa_budget_frac);
   for (int64_t r : m.compress_ratios) rows_per_compress_block(r, s.block_size);  // throws unless r | block_size
@@ -43,11 +45,16 @@ Costs costs(const ModelKvSpec& m, const ServeSpec& s) {
   return c;
 }
 
+constexpr int64_t kUpstreamChunkBlocks = 64;
+
 int64_t swa_blocks(int64_t budget, const ServeSpec& s, const Costs& c) {
   if (s.window == 0) return 0;
   if (s.full_retain) return static_cast<int64_t>(s.swa_budget_frac * static_cast<double>(budget)) / c.swa_block;
   const int64_t window_blocks = (s.window + s.mtp_k + s.block_size - 1) / s.block_size;
-  return s.max_num_seqs * (window_blocks + 1) + 64;  // upstream's default SWA pool
+  const int64_t chunk_blocks = s.max_num_batched_tokens
+                                   ? (*s.max_num_batched_tokens + s.block_size - 1) / s.block_size
+                                   : kUpstreamChunkBlocks;
+  return s.max_num_seqs * (window_blocks + 1) + chunk_blocks;
 }
 
 // Fills rows and bytes for a candidate; type_slots decides the unified rows.

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace ukv {
@@ -26,6 +27,11 @@ struct ServeSpec {
   int64_t window = 128;
   int64_t mtp_k = 0;
   int64_t max_num_seqs = 256;
+  // The SWA blocks one step's prefill chunks may span beyond the decode
+  // windows: ceil(max_num_batched_tokens / block_size) when given, else
+  // upstream's fixed 64 (8192 tokens at block 128), whatever the engine's
+  // real token budget.
+  std::optional<int64_t> max_num_batched_tokens;
   bool full_retain = false;       // SWA gets swa_budget_frac of the budget instead of the window formula
   double swa_budget_frac = 0.2;
 };

@@ -39,7 +39,8 @@ namespace ukv::ops {
 std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>> plan_kv_layout(
     int64_t budget_bytes, std::vector<int64_t> compress_ratios, int64_t head_dim, int64_t kv_elem_bytes,
     int64_t rope_head_dim, int64_t rope_elem_bytes, int64_t indexer_bytes_per_block, int64_t block_size,
-    int64_t window, int64_t mtp_k, int64_t max_num_seqs, bool full_retain, double swa_budget_frac,
+    int64_t window, int64_t mtp_k, int64_t max_num_seqs, std::optional<int64_t> max_num_batched_tokens,
+    bool full_retain, double swa_budget_frac,
     std::string mode) {
   PlanMode plan_mode;
   if (mode == "static") plan_mode = PlanMode::StaticSplit;
@@ -48,7 +49,7 @@ std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std
   else TORCH_CHECK_VALUE(false, "mode must be 'static', 'upstream' or 'elastic', got '", mode, "'");
   const ModelKvSpec model{std::move(compress_ratios), head_dim, kv_elem_bytes, rope_head_dim, rope_elem_bytes,
                           indexer_bytes_per_block};
-  const ServeSpec serve{block_size, window, mtp_k, max_num_seqs, full_retain, swa_budget_frac};
+  const ServeSpec serve{block_size, window, mtp_k, max_num_seqs, max_num_batched_tokens, full_retain, swa_budget_frac};
   const KvPlan p = translate_core_errors([&] { return ukv::plan_kv_layout(budget_bytes, model, serve, plan_mode); });
   return {{p.num_swa_blocks, p.num_logical_blocks, p.kv_bytes, p.rope_bytes, p.indexer_bytes, p.total_bytes,
            p.swa_block_bytes, p.compressed_block_bytes},
