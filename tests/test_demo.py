@@ -25,6 +25,22 @@ def test_tiny_run_has_no_mismatch_and_unified_admits_at_least_as_much():
         assert row["checked_indices"] > 100_000, name  # the check really ran
         assert row["requests_completed"] >= static["requests_completed"], name
     assert layouts["unified (elastic sizing)"]["logical_blocks"] > static["logical_blocks"]
+    # Served work is the workload's, whatever the layout: with every turn
+    # completed, the layouts differ only in the steps they took.
+    if all(row["requests_completed"] == static["requests_completed"] for row in layouts.values()):
+        assert len({row["tokens_served"] for row in layouts.values()}) == 1
+        for row in layouts.values():
+            assert row["tokens_per_step"] == round(row["tokens_served"] / row["steps"], 1)
+
+
+def test_step_sized_swa_pool_serves_with_no_mismatch():
+    proc = run_demo("--json", "--swa-sizing", "step")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["swa_sizing"] == "step"
+    for row in out["layouts"]:
+        assert row["swa_blocks"] == 8 * 2 + 512 // 128, row["layout"]  # 8 windows of 2 blocks + one step's chunks
+        assert row["mismatches"] == 0 and row["checked_indices"] > 100_000, row["layout"]
 
 
 @pytest.mark.parametrize("layout", ["static", "elastic"])

@@ -16,6 +16,17 @@ from .workload import load_jsonl, synthetic
 
 LAYOUTS = {"static": "static split", "upstream": "unified (upstream sizing)", "elastic": "unified (elastic sizing)"}
 PRESETS = dict(MODEL_PRESETS, demo=[0, 4, 128, 4, 128])
+# How the SWA pool's prefill-chunk term is sized: upstream's fixed 64 blocks,
+# or the blocks the scheduler's per-step token budget can span.
+SWA_SIZINGS = ("upstream", "step")
+
+
+def plan_layout(budget, ratios, layout, *, max_num_seqs, max_num_batched_tokens, swa_sizing):
+    """The layout's plan; every layout of a run gets the same SWA sizing."""
+    if swa_sizing not in SWA_SIZINGS:
+        raise ValueError(f"swa_sizing must be one of {', '.join(SWA_SIZINGS)}, got {swa_sizing!r}")
+    step_tokens = max_num_batched_tokens if swa_sizing == "step" else None
+    return plan_kv_layout(budget, ratios, max_num_seqs=max_num_seqs, max_num_batched_tokens=step_tokens, mode=layout)
 
 
 def parse_args(argv=None):
@@ -31,6 +42,9 @@ def parse_args(argv=None):
     p.add_argument("--layouts", default="static,upstream,elastic")
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--swa-sizing", default="upstream", choices=SWA_SIZINGS,
+                   help="SWA pool = max_num_seqs windows + a prefill-chunk term: upstream's fixed 64 blocks, "
+                        "or the blocks --max-num-batched-tokens spans")
     p.add_argument("--index-topk", type=int, default=1024)
     p.add_argument("--plot", default="ukv_demo_occupancy.png", help="PNG path ('' for none)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -50,7 +64,8 @@ def run(args) -> int:
     for layout in args.layouts.split(","):
         if layout not in LAYOUTS:
             raise SystemExit(f"--layouts: unknown layout {layout!r} (choose from {', '.join(LAYOUTS)})")
-        plan = plan_kv_layout(budget, ratios, max_num_seqs=args.max_num_seqs, mode=layout)
+        plan = plan_layout(budget, ratios, layout, max_num_seqs=args.max_num_seqs,
+                           max_num_batched_tokens=args.max_num_batched_tokens, swa_sizing=args.swa_sizing)
         cfg = ServeConfig(ratios, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           index_topk=args.index_topk, max_steps=args.steps, device=args.device, seed=args.seed,
                           corrupt_step=args.corrupt_step, cuda_graph=not args.eager)
@@ -66,10 +81,12 @@ def run(args) -> int:
         results.append(server.finish_run())
     summaries = [r.summary() for r in results]
     if args.json:
-        print(json.dumps({"budget_bytes": budget, "preset": args.preset, "layouts": summaries}, indent=2))
+        print(json.dumps({"budget_bytes": budget, "preset": args.preset, "swa_sizing": args.swa_sizing,
+                          "layouts": summaries}, indent=2))
     else:
         print(f"\nukv_torch demo: {args.preset} layers {ratios}, budget {args.budget_mib:g} MiB, "
-              f"{workload.total_turns()} turns, device {args.device}, {time.time() - started:.0f} s\n")
+              f"{args.swa_sizing} SWA sizing, {workload.total_turns()} turns, device {args.device}, "
+              f"{time.time() - started:.0f} s\n")
         print(report.table(summaries))
     if args.plot and report.plot(results, args.plot) and not args.json:
         print(f"\noccupancy plot: {args.plot}")
