@@ -69,3 +69,9 @@ def test_cuda_graph_reads_the_persistent_tables_so_corruption_is_caught():
     proc = run_demo("--device", "cuda", "--layouts", "elastic", "--corrupt-step", "40")
     assert proc.returncode == 1
     assert "INTEGRITY MISMATCH" in proc.stderr
+
+
+def test_unknown_swa_sizing_is_refused_by_name():
+    from ukv_torch.demo.__main__ import plan_layout
+    with pytest.raises(ValueError, match="swa_sizing"):
+        plan_layout(64 << 20, [0, 4, 128], "elastic", max_num_seqs=8, max_num_batched_tokens=512, swa_sizing="tight")
