@@ -4,7 +4,7 @@ integrity check off, since only the accounting matters here.
 
     python benchmarks/capacity.py [--out benchmarks/capacity.md] [--plot benchmarks/capacity.png]
 
-For each (SWA sizing, mix, budget): requests completed, tokens per step, admission
+For each (SWA sizing, mix, budget): requests completed, served tokens per step, admission
 refusals, preemptions, and the rows in use at the first admission refusal
 (over all layer tensors, and in the fullest tensor).
 """
@@ -66,13 +66,12 @@ def main():
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [f"Machine: {platform.processor() or platform.machine()}, {platform.system()}; date "
              f"{datetime.date.today()}; commit {commit}; {time.time() - started:.0f} s.", "",
-             "| SWA sizing | mix | budget MiB | layout | SWA blocks | logical blocks | steps | completed | served tok/step | refusals | preemptions "
-             "| hit rate | util @1st refusal | fullest tensor @1st refusal |",
+             "| SWA sizing | mix | budget MiB | layout | SWA blocks | logical blocks | steps | completed "
+             "| served tok/step | refusals | preemptions | hit rate | util @1st refusal | fullest tensor @1st refusal |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for sizing, mix, budget, layout, s in rows:
         lines.append(f"| {sizing} | {mix} | {budget} | {layout} | {s['swa_blocks']} | {s['logical_blocks']} | "
-                     f"{s['steps']} | "
-                     f"{s['requests_completed']} | {s['tokens_per_step']} | {s['admission_refusals']} | "
+                     f"{s['steps']} | {s['requests_completed']} | {s['tokens_per_step']} | {s['admission_refusals']} | "
                      f"{s['preemptions']} | {s['prefix_hit_rate']} | {s['util_at_first_refusal']} | "
                      f"{s['fullest_tensor_at_first_refusal']} |")
     text = "\n".join(lines)

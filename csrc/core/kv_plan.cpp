@@ -45,6 +45,7 @@ Costs costs(const ModelKvSpec& m, const ServeSpec& s) {
   return c;
 }
 
+// Upstream's prefill-chunk allowance, in blocks, when the token budget is not given.
 constexpr int64_t kUpstreamChunkBlocks = 64;
 
 int64_t swa_blocks(int64_t budget, const ServeSpec& s, const Costs& c) {

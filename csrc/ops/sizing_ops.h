@@ -29,7 +29,6 @@ std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std
     int64_t budget_bytes, std::vector<int64_t> compress_ratios, int64_t head_dim, int64_t kv_elem_bytes,
     int64_t rope_head_dim, int64_t rope_elem_bytes, int64_t indexer_bytes_per_block, int64_t block_size,
     int64_t window, int64_t mtp_k, int64_t max_num_seqs, std::optional<int64_t> max_num_batched_tokens,
-    bool full_retain, double swa_budget_frac,
-    std::string mode);
+    bool full_retain, double swa_budget_frac, std::string mode);
 
 }  // namespace ukv::ops

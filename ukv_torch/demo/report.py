@@ -6,7 +6,8 @@ from typing import Dict, List
 
 COLUMNS = [
     ("layout", "layout"), ("logical_blocks", "logical blks"), ("requests_completed", "completed"), ("steps", "steps"),
-    ("tokens_per_step", "served tok/step"), ("computed_tokens_per_step", "computed tok/step"), ("peak_swa_rows", "peak SWA rows"), ("mean_swa_rows", "mean SWA rows"),
+    ("tokens_per_step", "served tok/step"), ("computed_tokens_per_step", "computed tok/step"),
+    ("peak_swa_rows", "peak SWA rows"), ("mean_swa_rows", "mean SWA rows"),
     ("peak_compress_rows", "peak cmp rows"), ("mean_util", "mean util"),
     ("util_at_first_refusal", "util @1st refusal"),
     ("fullest_tensor_at_first_refusal", "fullest tensor @1st refusal"), ("prefix_hit_rate", "hit rate"), ("borrows", "borrows"),
