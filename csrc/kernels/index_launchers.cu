@@ -89,7 +89,7 @@ namespace {
 constexpr int32_t kMetadataMaxBlocks = 128;
 
 struct MetadataGrid {
-  int32_t threads;  // a power of two in [kMetadataRakers, kMetadataMaxThreads]
+  int32_t threads;  // a power of two in [kMetadataMinThreads, kMetadataMaxThreads]
   int32_t segment;  // tokens per block, a multiple of threads
   int32_t blocks;
 };
@@ -97,7 +97,7 @@ struct MetadataGrid {
 // The fewest threads that cover the tokens in one pass, then one segment of
 // that many tokens per block; see index_metadata.cuh.
 MetadataGrid metadata_grid(int32_t num_tokens) {
-  int32_t threads = kMetadataRakers;
+  int32_t threads = kMetadataMinThreads;
   while (threads < num_tokens && threads < kMetadataMaxThreads) threads *= 2;
   const int32_t passes = std::max(1, ceil_div(ceil_div(num_tokens, threads), kMetadataMaxBlocks));
   const int32_t segment = passes * threads;

@@ -33,10 +33,15 @@
 
 namespace ukv::kernels {
 
+constexpr int32_t kMetadataMinThreads = 128;
 constexpr int32_t kMetadataMaxThreads = 1024;
-// Threads that serially sum runs of a pass's scan values; a fixed count keeps
-// the scan of their run totals at four barriers for every block size.
-constexpr int32_t kMetadataRakers = 128;
+// Threads that serially sum runs of a pass's scan values: every thread up to
+// 256, so runs stay short (2 slots up to 256 threads, 4 at 512, 8 at 1024), and
+// never more than the 4^4 = 256 that the radix-4 scan of their run totals
+// covers in four barriers. 128 rakers for every block size cost T=512 0.2 us
+// (runs of 8).
+template <int kThreads>
+constexpr int32_t kMetadataRakers = kThreads < 256 ? kThreads : 256;
 // Earlier tokens a thread evaluates with their loads in flight together.
 constexpr int32_t kMetadataBatch = 8;
 // Shared memory has 32 four-byte banks on NVIDIA and on AMD CDNA alike; one
@@ -57,7 +62,7 @@ template <int kThreads, int kFields>
 struct ScanShared {
   static constexpr int32_t kSlots = 2 * kThreads;
   uint32_t value[kFields][kSlots + kSlots / kSharedBanks];  // at bank_padded(slot)
-  uint32_t run[2][kFields][kMetadataRakers];                // run totals, double-buffered
+  uint32_t run[2][kFields][kMetadataRakers<kThreads>];  // run totals, double-buffered
 };
 
 // Scans the 2 * kThreads values of s.value: slots [0, kThreads) hold the
@@ -65,16 +70,17 @@ struct ScanShared {
 // pass's token counts. On return slot kThreads + i holds the sum of all
 // carries plus the counts up to token i (inclusive), so the block reduction
 // of the segment offset rides along in the same scan. Raker r sums the run of
-// kThreads / 64 slots starting at r * kThreads / 64; a radix-4 Hillis-Steele
-// scan turns the 128 run totals into inclusive sums; the rakers of the count
-// half write their runs back as inclusive sums.
+// kRun slots starting at r * kRun; a radix-4 Hillis-Steele scan turns the
+// kRakers run totals into inclusive sums; the rakers of the count half write
+// their runs back as inclusive sums.
 template <int kThreads, int kFields>
 UKV_DEVICE void raking_scan(ScanShared<kThreads, kFields>& s) {
-  static_assert(kThreads % 64 == 0 && kThreads >= kMetadataRakers && kThreads <= kMetadataMaxThreads,
-                "metadata blocks are whole wavefronts with a thread per raker");
-  constexpr int32_t kRun = 2 * kThreads / kMetadataRakers;
+  static_assert(kThreads % 64 == 0 && kThreads >= kMetadataMinThreads && kThreads <= kMetadataMaxThreads,
+                "metadata blocks are whole wavefronts, at least one per raker");
+  constexpr int32_t kRakers = kMetadataRakers<kThreads>;
+  constexpr int32_t kRun = 2 * kThreads / kRakers;
   const int32_t r = threadIdx.x;
-  const bool raker = r < kMetadataRakers;
+  const bool raker = r < kRakers;
   uint32_t own[kFields] = {};
   if (raker) {
 #pragma unroll
@@ -88,7 +94,7 @@ UKV_DEVICE void raking_scan(ScanShared<kThreads, kFields>& s) {
   __syncthreads();
   int in = 0;
 #pragma unroll
-  for (int32_t stride = 1; stride < kMetadataRakers; stride *= 4) {
+  for (int32_t stride = 1; stride < kRakers; stride *= 4) {
     if (raker) {
 #pragma unroll
       for (int f = 0; f < kFields; ++f) {
@@ -102,7 +108,7 @@ UKV_DEVICE void raking_scan(ScanShared<kThreads, kFields>& s) {
     in ^= 1;
     __syncthreads();
   }
-  if (raker && r >= kMetadataRakers / 2) {
+  if (raker && r >= kRakers / 2) {
     uint32_t sum[kFields];
 #pragma unroll
     for (int f = 0; f < kFields; ++f) sum[f] = s.run[in][f][r] - own[f];
