@@ -55,7 +55,23 @@ UKV_DEVICE void load_topk_tile(const int32_t* row, int64_t col_stride, int32_t t
   }
 }
 
-template <int kThreads, int kVectors>
+// The translated rows of this thread's cells, for the aligned path. Every
+// lookup is issued before any store (a store may alias the table as far as
+// the compiler knows, and would hold back the loads after it), and none sits
+// behind a branch: a lane at or past count looks up entry 0 instead (always
+// in the row), so the loads of all cells share one basic block and go out
+// together rather than one round trip after another.
+template <int kThreads, int kVectors, typename RowOf>
+UKV_DEVICE void translate_tile(const int32_t (&cells)[kVectors][4], int32_t count, const RowOf& row_of,
+                               int32_t (&rows)[kVectors][4]) {
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) rows[v][q] = row_of(tile_lane<kThreads>(v, q) < count ? cells[v][q] : 0);
+  }
+}
+
+template <int kThreads, int kVectors, bool kContiguous>
 __global__ void csa_translate_pack_kernel(CsaTranslatePackParams p) {
   gpu::after_prior_kernels();
   constexpr int32_t kTile = kThreads * kVectors * 4;
@@ -79,23 +95,25 @@ __global__ void csa_translate_pack_kernel(CsaTranslatePackParams p) {
   const int32_t count = static_cast<int32_t>(min_i64(valid_k - tile_start, tile_lanes));
   if (count <= 0) return;
 
+  const TableRow row = table_row(p.table, bid);
   const auto row_of = [&](int32_t entry) {
-    return compress_row(p.table, bid, entry, p.rows_per_block, p.compress_base);
+    return compress_row<kContiguous>(row, entry, p.rows_per_block, p.compress_base);
   };
   const int64_t first = begin + tile_start;
   if (vector_aligned(p.out, first)) {
     // The tile's cells fall on the output's 16-byte grid as they were loaded:
     // every thread translates and stores its own groups, no staging.
+    int32_t rows[kVectors][4];
+    translate_tile<kThreads, kVectors>(cells, count, row_of, rows);
 #pragma unroll
     for (int v = 0; v < kVectors; ++v) {
       const int32_t lane = tile_lane<kThreads>(v, 0);
       if (lane + 4 <= count) {
-        store_group_in_slice(p.out, bounds, first + lane,
-                             make_int4(row_of(cells[v][0]), row_of(cells[v][1]), row_of(cells[v][2]), row_of(cells[v][3])));
+        store_group_in_slice(p.out, bounds, first + lane, make_int4(rows[v][0], rows[v][1], rows[v][2], rows[v][3]));
       } else {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          if (lane + q < count) store_in_slice(p.out, bounds, first + lane + q, row_of(cells[v][q]));
+          if (lane + q < count) store_in_slice(p.out, bounds, first + lane + q, rows[v][q]);
         }
       }
     }

@@ -28,15 +28,33 @@ UKV_HOST_DEVICE int32_t load_position(const Positions& positions, int32_t t) {
   return static_cast<int32_t>(min_i64(max_i64(p, -1), INT32_MAX - 1));
 }
 
-// x / d and x % d for x >= 0 (a negative x gets the floor quotient and a
-// remainder in [0, d), which the callers' clamps keep in bounds either way).
-UKV_HOST_DEVICE int32_t quotient(int32_t x, const Divisor& d) { return d.shift >= 0 ? x >> d.shift : x / d.value; }
+// x / d and x % d for 0 <= x < 2^31 (see Divisor). A negative x gives some
+// value, which the callers' clamps keep in bounds either way.
+UKV_HOST_DEVICE int32_t quotient(int32_t x, const Divisor& d) {
+  return static_cast<int32_t>((static_cast<uint64_t>(static_cast<uint32_t>(x)) * d.multiplier) >> d.shift);
+}
 UKV_HOST_DEVICE int32_t remainder(int32_t x, const Divisor& d) {
-  return d.shift >= 0 ? x & (d.value - 1) : x % d.value;
+  return static_cast<int32_t>(static_cast<uint32_t>(x) -
+                              static_cast<uint32_t>(quotient(x, d)) * static_cast<uint32_t>(d.value));
 }
 
-UKV_HOST_DEVICE int32_t table_at(const Table& table, int32_t row, int32_t col) {
-  return table.data[row * table.row_stride + col * table.col_stride];
+// One sequence's row of a block table. A kernel takes the row once per token
+// and then looks up many columns in it; kContiguous (col_stride == 1, how
+// every engine's tables are laid out) drops the 64-bit column multiply from
+// each lookup, which is most of a lookup's address arithmetic.
+struct TableRow {
+  const int32_t* data;
+  int64_t col_stride;
+  int32_t cols;
+};
+
+UKV_HOST_DEVICE TableRow table_row(const Table& table, int32_t row) {
+  return {table.data + row * table.row_stride, table.col_stride, table.cols};
+}
+
+template <bool kContiguous = false>
+UKV_HOST_DEVICE int32_t id_at(const TableRow& row, int32_t col) {
+  return kContiguous ? row.data[col] : row.data[col * row.col_stride];
 }
 
 // Rows of the sliding window visible to the token at pos: min(pos + 1, window).
@@ -61,22 +79,28 @@ UKV_HOST_DEVICE int32_t hca_causal_count(int32_t pos, int32_t n_committed, int32
 UKV_HOST_DEVICE int32_t swa_row(const Table& swa_table, int32_t seq, int32_t a, const Divisor& block_size) {
   const int32_t col = min_i32(max_i32(quotient(a, block_size), 0), swa_table.cols - 1);
   const int64_t row =
-      static_cast<int64_t>(table_at(swa_table, seq, col)) * block_size.value + remainder(a, block_size);
+      static_cast<int64_t>(id_at(table_row(swa_table, seq), col)) * block_size.value + remainder(a, block_size);
   return static_cast<int32_t>(row);
 }
 
 // unified_kv row of a sequence's compressed entry e (k entries per block):
-// base + id(e / k) * k + e % k. Entries outside the table are clamped onto it,
-// which keeps the read in bounds for lanes past valid_k whose top-k cells hold
-// garbage (H-f); those lanes are never stored.
+// base + id(e / k) * k + e % k, modulo 2^32 like the int32 it is stored as.
+// Entries outside the row are clamped onto it, which keeps the read in bounds
+// for lanes past valid_k whose top-k cells hold garbage (H-f); those lanes are
+// never stored.
+template <bool kContiguous = false>
+UKV_HOST_DEVICE int32_t compress_row(const TableRow& row, int32_t entry, const Divisor& rows_per_block,
+                                     int32_t compress_base) {
+  const int32_t last = row.cols * rows_per_block.value - 1;
+  const int32_t e = min_i32(max_i32(entry, 0), last);
+  const uint32_t id = static_cast<uint32_t>(id_at<kContiguous>(row, quotient(e, rows_per_block)));
+  return static_cast<int32_t>(static_cast<uint32_t>(compress_base) + id * static_cast<uint32_t>(rows_per_block.value) +
+                              static_cast<uint32_t>(remainder(e, rows_per_block)));
+}
+
 UKV_HOST_DEVICE int32_t compress_row(const Table& table, int32_t seq, int32_t entry, const Divisor& rows_per_block,
                                      int32_t compress_base) {
-  const int32_t last = table.cols * rows_per_block.value - 1;
-  const int32_t e = min_i32(max_i32(entry, 0), last);
-  const int64_t row = static_cast<int64_t>(compress_base) +
-                      static_cast<int64_t>(table_at(table, seq, quotient(e, rows_per_block))) * rows_per_block.value +
-                      remainder(e, rows_per_block);
-  return static_cast<int32_t>(row);
+  return compress_row(table_row(table, seq), entry, rows_per_block, compress_base);
 }
 
 // The part of an output a token may write: its slice, clipped to the output.

@@ -17,25 +17,31 @@
 
 namespace ukv::kernels {
 
-// A [rows, cols] int32 matrix read as data[r * row_stride + c * col_stride].
-// A positive divisor of per-cell index arithmetic (block_size, k). Integer
-// division is a long instruction sequence on GPUs and the index kernels divide
-// once per output cell, so a power of two (128, 32 and 1 in V4) divides by
-// shift and mask instead; any other value still divides exactly.
+// A positive divisor of per-cell index arithmetic (block_size, k), with its
+// reciprocal precomputed. The index kernels divide once per output cell, and a
+// GPU has no integer divide instruction: a division is a long sequence, and a
+// branch between it and a shift (for powers of two) splits a thread's table
+// lookups into separate basic blocks, so their loads are issued one after the
+// other instead of together. x / d for 0 <= x < 2^31 is instead
+// (x * multiplier) >> shift with multiplier = ceil(2^(31 + l) / d) and
+// l = ceil(log2 d) (Granlund and Montgomery): the multiplier is below 2^32, the
+// product below 2^63, and the rounding error below 2^-l <= 1/d, too small to
+// reach the next multiple of d. One wide multiply and a shift, no branch, for
+// every d.
 struct Divisor {
   int32_t value;
-  int32_t shift;  // log2(value) when value is a power of two, else -1
+  uint32_t multiplier;
+  int32_t shift;  // 31 + l
 };
 
 inline Divisor make_divisor(int32_t value) {
-  int32_t shift = -1;
-  if (value > 0 && (value & (value - 1)) == 0) {
-    shift = 0;
-    while ((1 << shift) != value) ++shift;
-  }
-  return {value, shift};
+  int32_t l = 0;
+  while ((int64_t{1} << l) < value) ++l;
+  const uint64_t multiplier = ((uint64_t{1} << (31 + l)) + static_cast<uint64_t>(value) - 1) / static_cast<uint64_t>(value);
+  return {value, static_cast<uint32_t>(multiplier), 31 + l};
 }
 
+// A [rows, cols] int32 matrix read as data[r * row_stride + c * col_stride].
 struct Table {
   const int32_t* data;
   int32_t rows;
