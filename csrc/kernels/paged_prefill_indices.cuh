@@ -11,7 +11,8 @@
 // One group of kGroup threads per token, several tokens per block (a token's
 // cells are too few to keep a whole block busy). The HCA run, up to a whole
 // context / hca_ratio per token, is the bulk of the bytes; it and the extend
-// run go through vector stores.
+// run go through vector stores, and with k = 1 (V4's HCA) the HCA run's table
+// reads are 16-byte loads too (unit_k_group).
 #pragma once
 
 #include <cstdint>
@@ -57,10 +58,18 @@ __global__ void paged_prefill_indices_kernel(PagedPrefillParams p) {
     store_in_slice(p.hca, hca_bounds, hca_begin + i, row);
   }
 
+  const TableRow hca_row = table_row(p.hca_table, bid);
   const auto row_of_entry = [&](int32_t e) {
-    return compress_row(p.hca_table, bid, e, p.hca_rows_per_block, p.compress_base);
+    return compress_row(hca_row, e, p.hca_rows_per_block, p.compress_base);
   };
-  store_run(p.hca, hca_bounds, hca_begin + w.prefix_swa_count, n_hca, row_of_entry, g.lane, kGroup);
+  const int64_t hca_start = hca_begin + w.prefix_swa_count;
+  if (p.hca_rows_per_block.value == 1 && hca_row.col_stride == 1) {
+    // n_hca <= cols (prefill_hca_count), so every group lies inside the row.
+    const auto group_at = [&](int32_t e) { return unit_k_group(hca_row, e, p.compress_base); };
+    store_run(p.hca, hca_bounds, hca_start, n_hca, row_of_entry, group_at, g.lane, kGroup);
+  } else {
+    store_run(p.hca, hca_bounds, hca_start, n_hca, row_of_entry, g.lane, kGroup);
+  }
 }
 
 }  // namespace ukv::kernels
