@@ -31,7 +31,7 @@ from index_calls import call, op_label, valid_calls
 from index_cases import DEVICES, INT32_MAX, INT32_MIN, make_decode_step, make_prefill_step
 from index_steps import op_decode, op_prefill, reference_decode, reference_prefill
 
-STEP_SHAPES = dict(window=st.sampled_from([1, 3, 64, 128, 200]), block_size=st.sampled_from([128, 256]),
+STEP_SHAPES = dict(window=st.sampled_from([1, 3, 64, 128, 200]), block_size=st.sampled_from([128, 256, 384]),
                    index_topk=st.sampled_from([1, 4, 64]), unified=st.booleans(),
                    num_padding=st.integers(0, 3), seed=st.integers(0, 2**16))
 LAYOUTS = dict(positions_dtype=st.sampled_from([torch.int32, torch.int64]), strided_tables=st.booleans())

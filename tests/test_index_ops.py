@@ -31,14 +31,14 @@ def test_csa_translate_pack_decode(device, layout, offset):
     step = make_decode_step(rng, contexts=[1, 2, 3, 4, 17, 900, 5000, 9000], q_lens=[1, 1, 1, 2, 1, 3, 1, 2],
                             num_padding=2, index_topk=1200, unified=offset % 2 == 0)
     x = step.tensors(device)
-    topk = x.topk
+    topk, table = x.topk, x.csa_table
     if layout == "row_padded":
         topk = torch.cat([topk, torch.full_like(topk[:, :5], 77)], dim=1)[:, : step.index_topk]
-    elif layout == "column_major":
-        topk = topk.t().contiguous().t()
+    elif layout == "column_major":  # the table too: the kernels' strided-column path
+        topk, table = topk.t().contiguous().t(), table.t().contiguous().t()
     _, csa_ptr, _ = decode_indptrs(step)
     out = unaligned_output(csa_ptr[-1] + 6, offset, device)
-    ukv_torch.csa_translate_pack(topk, x.csa_table, x.positions, x.batch_id, torch.tensor(csa_ptr, dtype=torch.int32,
+    ukv_torch.csa_translate_pack(topk, table, x.positions, x.batch_id, torch.tensor(csa_ptr, dtype=torch.int32,
                                  device=device), out, compress_base=step.compress_base, window=step.window)
     expected = reference_buffer(csa_ptr)
     ref.csa_translate_pack(expected, step.topk, step.csa_table, step.positions, step.batch_id, csa_ptr, None,

@@ -73,6 +73,31 @@ def test_prefill_block_size_256(device):
     assert_every_reserved_cell_written(result, PREFILL_BUFFERS)
 
 
+# Block size 384 makes every divisor of the index arithmetic a non-power of two
+# (block 384, CSA k = 96, HCA k = 3), where the kernels' division by
+# reciprocal multiplication differs most from a shift.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("unified", [True, False], ids=["unified", "static"])
+def test_decode_non_power_of_two_block_size(device, unified):
+    rng = random.Random(11)
+    step = make_decode_step(rng, contexts=[1, 383, 384, 385, 1000, 5000], q_lens=[1, 2, 1, 3, 1, 2], num_padding=2,
+                            block_size=384, index_topk=1024, unified=unified)
+    result = op_decode(step, device, strided_tables=True)
+    assert result == reference_decode(step)
+    assert_every_reserved_cell_written(result, ("swa", "csa", "hca"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("unified", [True, False], ids=["unified", "static"])
+def test_prefill_non_power_of_two_block_size(device, unified):
+    rng = random.Random(12)
+    step = make_prefill_step(rng, prefixes=[0, 383, 1500], chunk_lens=[400, 300, 130], num_padding=1,
+                             block_size=384, index_topk=64, unified=unified)
+    result = op_prefill(step, device)
+    assert result == reference_prefill(step)
+    assert_every_reserved_cell_written(result, PREFILL_BUFFERS)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("num_tokens", [0, 1])
 def test_tiny_steps(device, num_tokens):
