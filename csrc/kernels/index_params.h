@@ -34,6 +34,7 @@ struct Divisor {
   int32_t shift;  // 31 + l
 };
 
+// value >= 1: the op checks refuse anything else before a Divisor is made.
 inline Divisor make_divisor(int32_t value) {
   int32_t l = 0;
   while ((int64_t{1} << l) < value) ++l;

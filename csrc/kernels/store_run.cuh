@@ -59,8 +59,8 @@ UKV_DEVICE void store_run(const SlicedOutput& out, const SliceBounds& bounds, in
 
 // compress_row of entries e .. e + 3 when k = 1 and the row is contiguous:
 // base + data[e + j], read with the two 16-byte loads that cover them instead
-// of four scalar ones (the HCA runs of the prefill and decode ops, up to a
-// context / 128 entries per token, are such runs). The caller guarantees
+// of four scalar ones (paged_prefill's HCA runs, up to a context / 128
+// entries per token, are such runs). The caller guarantees
 // e >= 0 and e + 3 < row.cols; a load that would pass the row's last whole
 // 16-byte group, or a row that does not start on one, falls back to scalars.
 UKV_DEVICE int4 unit_k_group(const TableRow& row, int32_t e, int32_t compress_base) {
