@@ -13,6 +13,9 @@ median of 5 runs):
 - no launch:    eager_call on the same op with T=0 (everything but the launch)
 - floors:       an ATen in-place zero_ of 4 cells from Python, and
                 torch.cuda._sleep(0) (one bare launch through a thin binding)
+- metadata:     ukv_torch.decode_index_metadata at T=64, whose eager figure in
+                bench_kernels.py runs 0.3-2.5 us over the other ops': if this
+                row matches theirs, the difference is on the device
 
     python benchmarks/bench_host_cost.py [--iters 20000] [--device cuda]
 """
@@ -45,6 +48,14 @@ def inputs(num_tokens: int, device):
     d["indptr"] = torch.cat([torch.zeros(1, dtype=torch.int32, device=device), torch.cumsum(n, 0).to(torch.int32)])
     d["out"] = torch.zeros(int(d["indptr"][-1]) + 1, dtype=torch.int32, device=device)
     return d
+
+
+def metadata_inputs(num_tokens: int, device):
+    """decode_index_metadata's arguments for num_tokens sequences of 8K tokens."""
+    i32 = dict(dtype=torch.int32, device=device)
+    return (torch.full((num_tokens,), 8191, dtype=torch.int64, device=device), torch.arange(num_tokens, **i32),
+            torch.full((num_tokens,), 2048, **i32), torch.full((num_tokens,), 64, **i32),
+            *(torch.empty(num_tokens + 1, **i32) for _ in range(3)))
 
 
 def positional(d):
@@ -83,6 +94,7 @@ def main(argv=None):
     args_one, args_empty = positional(one), positional(empty)
     overload = torch.ops.ukv.csa_translate_pack.default
     cells = torch.zeros(4, dtype=torch.int32, device=device)
+    meta = metadata_inputs(64, device)
     timings = {
         "wrapper": lambda: ukv_torch.csa_translate_pack(one["topk"], one["table"], one["positions"], one["batch_id"],
                                                          one["indptr"], one["out"], compress_base=0, window=WINDOW),
@@ -91,6 +103,8 @@ def main(argv=None):
         "torch.ops": lambda: overload(*args_one[:7], compress_base=0, window=WINDOW, compress_ratio=4, block_size=BS),
         "no launch (T=0)": lambda: _C.eager_call(op.handle, args_empty),
         "ATen zero_": cells.zero_,
+        "decode_index_metadata wrapper (T=64)": lambda: ukv_torch.decode_index_metadata(
+            *meta, window=WINDOW, index_topk=TOPK),
     }
     if device.type == "cuda":
         timings["torch.cuda._sleep(0)"] = lambda: torch.cuda._sleep(0)
