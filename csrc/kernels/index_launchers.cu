@@ -25,7 +25,9 @@ int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1)
 template <int kThreads, int kVectors>
 gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream) {
   const dim3 grid(p.num_tokens, ceil_div(p.topk_width, kThreads * kVectors * 4));
-  if (p.table.col_stride == 1) return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors, true>, grid, kThreads, stream, p);
+  if (p.table.col_stride == 1) {
+    return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors, true>, grid, kThreads, stream, p);
+  }
   return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors, false>, grid, kThreads, stream, p);
 }
 

@@ -38,7 +38,8 @@ struct Divisor {
 inline Divisor make_divisor(int32_t value) {
   int32_t l = 0;
   while ((int64_t{1} << l) < value) ++l;
-  const uint64_t multiplier = ((uint64_t{1} << (31 + l)) + static_cast<uint64_t>(value) - 1) / static_cast<uint64_t>(value);
+  const uint64_t d = static_cast<uint64_t>(value);
+  const uint64_t multiplier = ((uint64_t{1} << (31 + l)) + d - 1) / d;
   return {value, static_cast<uint32_t>(multiplier), 31 + l};
 }
 

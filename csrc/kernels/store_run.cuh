@@ -53,7 +53,9 @@ UKV_DEVICE void store_run(const SlicedOutput& out, const SliceBounds& bounds, in
 template <typename ValueAt>
 UKV_DEVICE void store_run(const SlicedOutput& out, const SliceBounds& bounds, int64_t start, int32_t count,
                           const ValueAt& value_at, int32_t lane, int32_t lanes) {
-  const auto group_at = [&](int32_t i) { return make_int4(value_at(i), value_at(i + 1), value_at(i + 2), value_at(i + 3)); };
+  const auto group_at = [&](int32_t i) {
+    return make_int4(value_at(i), value_at(i + 1), value_at(i + 2), value_at(i + 3));
+  };
   store_run(out, bounds, start, count, value_at, group_at, lane, lanes);
 }
 
