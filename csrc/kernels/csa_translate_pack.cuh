@@ -5,17 +5,22 @@
 // the top-k kernel leaves past it (H-f).
 //
 // One block per (token, tile of kTile top-k lanes). Every load a token needs
-// (its batch id, position or skip, slice bounds and the tile's top-k cells,
-// with 16-byte loads when the row allows) is issued before any of them is
-// used, so a block waits for one memory round trip before the table lookups,
-// not three. When the tile's first output cell is 16-byte aligned (every
+// (the tile's top-k cells, with 16-byte loads when the row allows, then its
+// batch id, skip or position and slice bounds) is issued before any of them is
+// used, so a block waits for one memory round trip before the table lookups.
+// The order in the source is what makes that hold in the SASS: the compiler
+// does not move a load above a branch or an early return, nor a use of a loaded
+// value out of the branch region it was loaded in, so the top-k loads (which
+// branch on the vector path) come first, the position is widened only after
+// every load (LoadedPosition), and a padding token returns only once all of
+// them are out. When the tile's first output cell is 16-byte aligned (every
 // token's slice in a decode batch of full windows, most prefill tokens) each
 // thread translates and stores the groups it loaded. Otherwise the cells below
 // valid_k are staged in shared memory and written with aligned vector stores
 // (store_run): loads follow the top-k row, stores the output's 16-byte grid,
-// and the two need not line up. Lanes past valid_k
-// are read but never used; reading them costs bandwidth only when a row is
-// mostly invalid (short contexts), which is when the op is cheap anyway.
+// and the two need not line up. Lanes past valid_k are read but never used;
+// reading them costs bandwidth only when a row is mostly invalid (short
+// contexts), which is when the op is cheap anyway.
 #pragma once
 
 #include <cstdint>
@@ -80,20 +85,20 @@ __global__ void csa_translate_pack_kernel(CsaTranslatePackParams p) {
   const int32_t tile_start = blockIdx.y * kTile;
   const int32_t tile_lanes = min_i32(kTile, p.topk_width - tile_start);
 
-  const int32_t bid = p.batch_id[t];
-  const int32_t skip_or_pos = p.skip ? p.skip[t] : load_position(p.positions, t);
-  const SliceBounds bounds = slice_bounds(p.out, t);
-  const int64_t begin = p.out.indptr[t];
-  const int64_t end = p.out.indptr[t + 1];
   int32_t cells[kVectors][4];
   load_topk_tile<kThreads, kVectors>(p.topk + t * p.topk_row_stride + tile_start * p.topk_col_stride,
                                      p.topk_col_stride, tile_lanes, cells);
+  const int32_t bid = p.batch_id[t];
+  const int32_t skip_in = p.skip ? p.skip[t] : 0;
+  const LoadedPosition position = load_position_raw(p.positions, t);
+  const int64_t begin = p.out.indptr[t];
+  const int64_t end = p.out.indptr[t + 1];
 
-  if (!is_real_token(bid, p.table.rows)) return;
-  const int32_t skip = p.skip ? skip_or_pos : swa_window_count(skip_or_pos, p.window);
+  const int32_t skip = p.skip ? skip_in : swa_window_count(position_value(position, p.positions), p.window);
   const int64_t valid_k = min_i64(max_i64(end - begin - skip, 0), p.topk_width);
   const int32_t count = static_cast<int32_t>(min_i64(valid_k - tile_start, tile_lanes));
-  if (count <= 0) return;
+  if (!is_real_token(bid, p.table.rows) || count <= 0) return;
+  const SliceBounds bounds = slice_bounds(p.out, t);
 
   const TableRow row = table_row(p.table, bid);
   const auto row_of = [&](int32_t entry) {

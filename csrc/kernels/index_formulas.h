@@ -21,11 +21,29 @@ UKV_HOST_DEVICE bool is_real_token(int32_t batch_id, int32_t num_seqs) {
   return batch_id >= 0 && batch_id < num_seqs;
 }
 
+// A token's position as loaded, before position_value widens and clamps it:
+// one predicated load for either dtype and no use of its value, so a kernel
+// can issue it beside its other loads and use it after them. (A position
+// widened or clamped at once, where the load sits under a branch, holds back
+// every load the branch is followed by: a whole extra round trip.)
+struct LoadedPosition {
+  int64_t i64;
+  int32_t i32;
+};
+
+UKV_HOST_DEVICE LoadedPosition load_position_raw(const Positions& positions, int32_t t) {
+  return {positions.i64 ? positions.i64[t] : 0, positions.i64 ? 0 : positions.i32[t]};
+}
+
 // Positions are read as int32: a position below 0 behaves like "no token yet"
 // (-1) and one past the int32 range is held where pos + 1 cannot overflow.
-UKV_HOST_DEVICE int32_t load_position(const Positions& positions, int32_t t) {
-  const int64_t p = positions.i64 ? positions.i64[t] : positions.i32[t];
+UKV_HOST_DEVICE int32_t position_value(const LoadedPosition& loaded, const Positions& positions) {
+  const int64_t p = positions.i64 ? loaded.i64 : loaded.i32;
   return static_cast<int32_t>(min_i64(max_i64(p, -1), INT32_MAX - 1));
+}
+
+UKV_HOST_DEVICE int32_t load_position(const Positions& positions, int32_t t) {
+  return position_value(load_position_raw(positions, t), positions);
 }
 
 // x / d and x % d for 0 <= x < 2^31 (see Divisor). A negative x gives some
