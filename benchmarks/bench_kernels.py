@@ -13,7 +13,10 @@ events, per call (the cost of the op as one node of a captured forward, the way
 Triton's do_bench_cudagraph measures); graph x1 = a graph holding one call, per
 replay, which adds the graph launch. The header also gives the same run's
 floors: an eager ATen zero_ of 4 cells (dispatch + launch), the same zero_ as
-one of CALLS_PER_GRAPH graph nodes, and a one-node graph replay.
+one of CALLS_PER_GRAPH graph nodes, and a one-node graph replay. An eager call
+of a decode-sized op is bound by the host, whose speed on a shared machine
+moves by tens of percent within a run, so each case's eager time is given
+beside an eager zero_ timed right before it ("zero_ beside").
 
 Bytes moved count 4 bytes per int32 read and written per output cell (a
 translated top-k cell: top-k read + table read + write = 12 B), so at large
@@ -468,9 +471,11 @@ def main(argv=None):
     copy_gbs = copy_bandwidth(device, iters)
     floor = floors(device, iters)
     rows = []
+    cells = torch.zeros(4, dtype=torch.int32, device=device)
     for case in build_cases(device, args.quick):
         check(case)
         r = case.result
+        r["aten_eager_beside_us"] = time_eager(cells.zero_, iters, device) if device.type == "cuda" else None
         r["eager_us"] = time_eager(case.run_op, iters, device)
         r["composite_eager_us"] = time_eager(case.run_composite, max(5, iters // 20), device)
         if device.type == "cuda":
@@ -491,14 +496,14 @@ def main(argv=None):
           f"({CALLS_PER_GRAPH}/graph) {fmt(floor['aten_graph_node_us'])} us, one-node graph replay "
           f"{fmt(floor['one_node_graph_us'])} us" + ("; --quick: token counts and contexts divided by 16, labels are nominal" if args.quick
                                else "") + "\n")
-    print(f"| op | case | graph us ({CALLS_PER_GRAPH}/graph) | graph x1 us | eager us | ref graph / eager us | MB moved "
-          "| GB/s | % copy | torch composite graph x1 / eager us |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| op | case | graph us ({CALLS_PER_GRAPH}/graph) | graph x1 us | eager us | zero_ beside us "
+          "| ref graph / eager us | MB moved | GB/s | % copy | torch composite graph x1 / eager us |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         ref = "-" if row["reference_graph_us"] is None else f"{row['reference_graph_us']} / {row['reference_eager_us']}"
         pct = None if copy_gbs is None else 100 * row["gb_per_s"] / copy_gbs
         print(f"| {row['op']} | {row['case']} | {fmt(row.get('graph_us'))} | {fmt(row.get('graph_x1_us'))} | "
-              f"{fmt(row['eager_us'])} | {ref} | "
+              f"{fmt(row['eager_us'])} | {fmt(row['aten_eager_beside_us'])} | {ref} | "
               f"{fmt(row['mb_moved'], 3)} | {fmt(row['gb_per_s'], 0)} | {fmt(pct, 0)} | "
               f"{fmt(row.get('composite_graph_us'), 1)} / {fmt(row['composite_eager_us'], 1)} |")
     if args.out:
