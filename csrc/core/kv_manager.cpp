@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/block_hash.h"
+#include "core/ceil_div.h"
 #include "core/errors.h"
 #include "core/sizing.h"
 
@@ -13,7 +14,7 @@ namespace {
 
 // Most blocks that any w consecutive positions touch.
 int64_t span_blocks(int64_t w, int64_t block_size) {
-  return w <= 0 ? 0 : (w - 1 + block_size - 1) / block_size + 1;
+  return w <= 0 ? 0 : ceil_div(w - 1, block_size) + 1;
 }
 
 KvManagerConfig validated(KvManagerConfig c) {
@@ -64,7 +65,7 @@ KvManager::KvManager(KvManagerConfig config)
       row_seq_(static_cast<size_t>(cfg_.max_num_seqs), -1), row_len_(static_cast<size_t>(cfg_.max_num_seqs), 0) {
   const int64_t bs = cfg_.block_size;
   if (cfg_.window > 0) {
-    tail_blocks_ = std::max<int64_t>(1, (cfg_.window + cfg_.mtp_k - 1 + bs - 1) / bs);
+    tail_blocks_ = std::max<int64_t>(1, ceil_div(cfg_.window + cfg_.mtp_k - 1, bs));
     const int64_t chunk_span = span_blocks(cfg_.full_retain ? cfg_.max_num_batched_tokens : cfg_.window, bs);
     // Prefill: the previous chunk's window (or the claimed hit tail) plus the
     // blocks this chunk writes. Decode: the window of the first query plus the

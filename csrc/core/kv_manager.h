@@ -33,6 +33,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/ceil_div.h"
 #include "core/coordinator.h"
 #include "core/kv_events.h"
 #include "core/logical_blocks.h"
@@ -187,7 +188,7 @@ class KvManager {
   // A sequence decodes once its prompt is computed and the token sampled
   // after it was committed; from then on num_tokens == num_computed + 1.
   static bool is_decoding(const Sequence& s) { return static_cast<int64_t>(s.tokens.size()) > s.num_prompt; }
-  int64_t blocks_for(int64_t tokens) const { return (tokens + cfg_.block_size - 1) / cfg_.block_size; }
+  int64_t blocks_for(int64_t tokens) const { return ceil_div(tokens, cfg_.block_size); }
   int64_t quota_for(int64_t num_blocks, bool decoding) const {
     return std::min(decoding ? decode_peak_ : prefill_peak_, num_blocks);
   }

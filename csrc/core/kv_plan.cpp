@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 
+#include "core/ceil_div.h"
 #include "core/errors.h"
 #include "core/sizing.h"
 
@@ -48,14 +49,12 @@ Costs costs(const ModelKvSpec& m, const ServeSpec& s) {
 // Upstream's prefill-chunk allowance, in blocks, when the token budget is not given.
 constexpr int64_t kUpstreamChunkBlocks = 64;
 
-int64_t blocks_of(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
-
 int64_t swa_blocks(int64_t budget, const ServeSpec& s, const Costs& c) {
   if (s.window == 0) return 0;
   if (s.full_retain) return static_cast<int64_t>(s.swa_budget_frac * static_cast<double>(budget)) / c.swa_block;
-  const int64_t window_blocks = blocks_of(s.window + s.mtp_k, s.block_size);
+  const int64_t window_blocks = ceil_div(s.window + s.mtp_k, s.block_size);
   const int64_t chunk_blocks =
-      s.max_num_batched_tokens ? blocks_of(*s.max_num_batched_tokens, s.block_size) : kUpstreamChunkBlocks;
+      s.max_num_batched_tokens ? ceil_div(*s.max_num_batched_tokens, s.block_size) : kUpstreamChunkBlocks;
   return s.max_num_seqs * (window_blocks + 1) + chunk_blocks;
 }
 

@@ -1,5 +1,6 @@
 #include "core/sizing.h"
 
+#include "core/ceil_div.h"
 #include "core/errors.h"
 
 namespace ukv {
@@ -44,7 +45,7 @@ int64_t unified_type_slots(int64_t num_swa_blocks, int64_t num_compress_blocks, 
   require(k > 0 && k <= block_size && block_size % k == 0, "k (rows per compress block) must divide block_size ",
           block_size, ", got ", k);
   const int64_t blocks_per_slot = block_size / k;
-  const int64_t own = num_compress_blocks / blocks_per_slot + (num_compress_blocks % blocks_per_slot != 0);
+  const int64_t own = ceil_div(num_compress_blocks, blocks_per_slot);
   // Each part within the row limit first, so their sum cannot overflow int64.
   rows_product(num_swa_blocks, block_size, "SWA region");
   rows_product(own, block_size, "unified type tensor");

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/batch.h"
+#include "core/ceil_div.h"
 #include "core/errors.h"
 #include "core/sizing.h"
 
@@ -39,7 +40,7 @@ TypePool::TypePool(int64_t num_slots, int64_t k, int64_t block_size, int64_t sha
           " rows exceed the int32 row limit");
   require(shared_slots >= 0 && shared_slots <= num_slots, "shared_slots must be in [0, num_slots=", num_slots,
           "], got ", shared_slots);
-  words_per_slot_ = (blocks_per_slot_ + kWordBits - 1) / kWordBits;
+  words_per_slot_ = ceil_div(blocks_per_slot_, kWordBits);
   owner_.assign(static_cast<size_t>(num_slots), SlotOwner::Free);
   own_free_ = SlotList(num_slots);
   shared_free_ = SlotList(num_slots);

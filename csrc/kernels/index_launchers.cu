@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "core/ceil_div.h"
 #include "kernels/csa_translate_pack.cuh"
 #include "kernels/hca_decode_indices.cuh"
 #include "kernels/index_metadata.cuh"
@@ -20,11 +21,12 @@ namespace {
 // current data-centre GPUs; only used to split long per-token runs.
 constexpr int32_t kTargetBlocks = 256;
 
-int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
+// A grid dimension: the launch sizes fit int32 (token counts are int32).
+int32_t blocks_of(int64_t a, int64_t b) { return static_cast<int32_t>(ceil_div(a, b)); }
 
 template <int kThreads, int kVectors>
 gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream) {
-  const dim3 grid(p.num_tokens, ceil_div(p.topk_width, kThreads * kVectors * 4));
+  const dim3 grid(p.num_tokens, blocks_of(p.topk_width, kThreads * kVectors * 4));
   if (p.table.col_stride == 1) {
     return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors, true>, grid, kThreads, stream, p);
   }
@@ -51,7 +53,7 @@ gpu::Error launch_paged_decode_indices(const PagedDecodeParams& p, gpu::Stream s
   if (p.num_tokens == 0) return gpu::kSuccess;
   constexpr int kThreads = 128;
   constexpr int kGroup = 64;
-  return gpu::launch(paged_decode_indices_kernel<kThreads, kGroup>, ceil_div(p.num_tokens, kThreads / kGroup), kThreads,
+  return gpu::launch(paged_decode_indices_kernel<kThreads, kGroup>, blocks_of(p.num_tokens, kThreads / kGroup), kThreads,
                      stream, p);
 }
 
@@ -61,10 +63,10 @@ namespace {
 template <int kThreads, int kGroup>
 gpu::Error launch_hca_groups(const HcaDecodeParams& p, gpu::Stream stream) {
   const int64_t max_entries = static_cast<int64_t>(p.table.cols) * p.rows_per_block.value;
-  const int32_t useful_parts = ceil_div(max_entries, 4 * kGroup);
+  const int32_t useful_parts = blocks_of(max_entries, 4 * kGroup);
   const int32_t wanted_parts = kTargetBlocks * (kThreads / kGroup) / p.num_tokens;
   const int32_t parts = std::max(1, std::min(useful_parts, wanted_parts));
-  const int32_t blocks = ceil_div(static_cast<int64_t>(p.num_tokens) * parts, kThreads / kGroup);
+  const int32_t blocks = blocks_of(static_cast<int64_t>(p.num_tokens) * parts, kThreads / kGroup);
   return gpu::launch(hca_decode_indices_kernel<kThreads, kGroup>, blocks, kThreads, stream, p, parts);
 }
 }  // namespace
@@ -81,7 +83,7 @@ gpu::Error launch_paged_prefill_indices(const PagedPrefillParams& p, gpu::Stream
   if (p.num_tokens == 0) return gpu::kSuccess;
   constexpr int kThreads = 128;
   constexpr int kGroup = 64;
-  return gpu::launch(paged_prefill_indices_kernel<kThreads, kGroup>, ceil_div(p.num_tokens, kThreads / kGroup), kThreads,
+  return gpu::launch(paged_prefill_indices_kernel<kThreads, kGroup>, blocks_of(p.num_tokens, kThreads / kGroup), kThreads,
                      stream, p);
 }
 
@@ -102,9 +104,9 @@ struct MetadataGrid {
 MetadataGrid metadata_grid(int32_t num_tokens) {
   int32_t threads = kMetadataMinThreads;
   while (threads < num_tokens && threads < kMetadataMaxThreads) threads *= 2;
-  const int32_t passes = std::max(1, ceil_div(ceil_div(num_tokens, threads), kMetadataMaxBlocks));
+  const int32_t passes = std::max(1, blocks_of(blocks_of(num_tokens, threads), kMetadataMaxBlocks));
   const int32_t segment = passes * threads;
-  return {threads, segment, std::max(1, ceil_div(num_tokens, segment))};
+  return {threads, segment, std::max(1, blocks_of(num_tokens, segment))};
 }
 
 // Returns launch(std::integral_constant<int, threads>, grid) for num_tokens' grid.

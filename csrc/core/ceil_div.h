@@ -1,0 +1,12 @@
+// Whole blocks (slots, bitmap words) that hold a count of smaller units.
+#pragma once
+
+#include <cstdint>
+
+namespace ukv {
+
+// ceil(a / b) for a >= 0 and b > 0. Written as a quotient plus a carry rather
+// than (a + b - 1) / b, so it cannot overflow for any a up to INT64_MAX.
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
+}  // namespace ukv
