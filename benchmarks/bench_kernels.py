@@ -6,8 +6,9 @@ measured in this one run. Prints a markdown table; --out also writes JSON.
     python benchmarks/bench_kernels.py [--out results.json] [--iters 2000]
     python benchmarks/bench_kernels.py --device cpu --quick   # smoke run, no GPU
 
-Timing: eager = back-to-back calls between two CUDA events, the median of 5 runs
-of iters / 5 calls (per-call host cost included when it exceeds the kernel);
+Timing: eager = back-to-back calls between two CUDA events, the median of
+EAGER_ROUNDS runs of iters / EAGER_ROUNDS calls (per-call host cost included
+when it exceeds the kernel);
 graph = CALLS_PER_GRAPH calls captured in one CUDA graph, replayed between two
 events, per call (the cost of the op as one node of a captured forward, the way
 Triton's do_bench_cudagraph measures); graph x1 = a graph holding one call, per
@@ -16,7 +17,8 @@ floors: an eager ATen zero_ of 4 cells (dispatch + launch), the same zero_ as
 one of CALLS_PER_GRAPH graph nodes, and a one-node graph replay. An eager call
 of a decode-sized op is bound by the host, whose speed on a shared machine
 moves by tens of percent within a run, so each case's eager time is given
-beside an eager zero_ timed right before it ("zero_ beside").
+beside an eager zero_ timed in the same stretch ("zero_ beside": its runs
+alternate with the op's).
 
 Bytes moved count 4 bytes per int32 read and written per output cell (a
 translated top-k cell: top-k read + table read + write = 12 B), so at large
@@ -356,32 +358,46 @@ def sync(device):
 
 
 def time_eager(fn, iters, device, rounds=5) -> float:
-    """Microseconds per call of back-to-back calls: the median over `rounds` runs
-    of iters / rounds calls each (on a shared host single runs of an eager call
-    move by a microsecond or more)."""
-    for _ in range(10):
-        fn()
+    """Microseconds per call of back-to-back calls of fn (time_eager_together)."""
+    return time_eager_together([fn], iters, device, rounds)[0]
+
+
+def time_eager_together(fns, iters, device, rounds=5) -> list:
+    """Microseconds per call of back-to-back calls of each of fns: the median
+    over `rounds` runs of iters / rounds calls each. The runs of the fns take
+    turns (a, b, a, b, ...), so a slow patch of a shared host, which moves a
+    single run by a microsecond or more, falls on all of them alike."""
+    for fn in fns:
+        for _ in range(10):
+            fn()
     sync(device)
     calls = max(1, iters // rounds)
-    per_call = []
+    per_call = [[] for _ in fns]
     for _ in range(rounds):
-        if device.type != "cuda":
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            per_call.append((time.perf_counter() - start) / calls * 1e6)
-            continue
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
+        for fn, samples in zip(fns, per_call):
+            samples.append(run_calls(fn, calls, device))
+    return [statistics.median(samples) for samples in per_call]
+
+
+def run_calls(fn, calls, device) -> float:
+    """Microseconds per call of `calls` back-to-back calls, up to the device's
+    completion of the last (CUDA events) or on the host clock (CPU)."""
+    if device.type != "cuda":
+        start = time.perf_counter()
         for _ in range(calls):
             fn()
-        end.record()
-        end.synchronize()
-        per_call.append(begin.elapsed_time(end) / calls * 1e3)
-    return statistics.median(per_call)
+        return (time.perf_counter() - start) / calls * 1e6
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / calls * 1e3
 
 
 CALLS_PER_GRAPH = 20
+EAGER_ROUNDS = 15  # eager runs per case, alternating with those of the zero_ beside
 
 
 def time_graph(fn, iters, calls_per_graph=CALLS_PER_GRAPH) -> float:
@@ -475,8 +491,11 @@ def main(argv=None):
     for case in build_cases(device, args.quick):
         check(case)
         r = case.result
-        r["aten_eager_beside_us"] = time_eager(cells.zero_, iters, device) if device.type == "cuda" else None
-        r["eager_us"] = time_eager(case.run_op, iters, device)
+        if device.type == "cuda":
+            r["aten_eager_beside_us"], r["eager_us"] = time_eager_together(
+                [cells.zero_, case.run_op], iters, device, rounds=EAGER_ROUNDS)
+        else:
+            r["aten_eager_beside_us"], r["eager_us"] = None, time_eager(case.run_op, iters, device)
         r["composite_eager_us"] = time_eager(case.run_composite, max(5, iters // 20), device)
         if device.type == "cuda":
             r["graph_us"] = time_graph(case.run_op, iters)
