@@ -11,16 +11,16 @@
 // The order in the source is what makes that hold in the SASS: the compiler
 // does not move a load above a branch or an early return, nor a use of a loaded
 // value out of the branch region it was loaded in, so the top-k loads (which
-// branch on the vector path) come first, the position is widened only after
-// every load (LoadedPosition), and a padding token returns only once all of
-// them are out. When the tile's first output cell is 16-byte aligned (every
+// branch on the vector path) come first, the skip input is converted only
+// after every load, and a padding token returns only once all of them are
+// out. When the tile's first output cell is 16-byte aligned (every
 // token's slice in a decode batch of full windows, most prefill tokens) each
 // thread translates and stores the groups it loaded. Otherwise the cells below
 // valid_k are staged in shared memory and written with aligned vector stores
 // (store_run): loads follow the top-k row, stores the output's 16-byte grid,
-// and the two need not line up. Lanes past valid_k are read but never used;
-// reading them costs bandwidth only when a row is mostly invalid (short
-// contexts), which is when the op is cheap anyway.
+// and the two need not line up. Lanes past valid_k are read and translated
+// but never stored; that costs bandwidth only when a row is mostly invalid
+// (short contexts), which is when the op is cheap anyway.
 #pragma once
 
 #include <cstdint>
@@ -63,20 +63,47 @@ UKV_DEVICE void load_topk_tile(const int32_t* row, int64_t col_stride, int32_t t
 // The translated rows of this thread's cells, for the aligned path. Every
 // lookup is issued before any store (a store may alias the table as far as
 // the compiler knows, and would hold back the loads after it), and none sits
-// behind a branch: a lane at or past count looks up entry 0 instead (always
-// in the row), so the loads of all cells share one basic block and go out
-// together rather than one round trip after another.
-template <int kThreads, int kVectors, typename RowOf>
-UKV_DEVICE void translate_tile(const int32_t (&cells)[kVectors][4], int32_t count, const RowOf& row_of,
+// behind a branch or a test of count, so the loads of all cells share one
+// basic block and go out together. A lane at or past count translates the
+// garbage the top-k row holds there: compress_row clamps it into the table
+// row, and the caller stores only the lanes below count.
+template <int kVectors, typename RowOf>
+UKV_DEVICE void translate_tile(const int32_t (&cells)[kVectors][4], const RowOf& row_of,
                                int32_t (&rows)[kVectors][4]) {
 #pragma unroll
   for (int v = 0; v < kVectors; ++v) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) rows[v][q] = row_of(tile_lane<kThreads>(v, q) < count ? cells[v][q] : 0);
+    for (int q = 0; q < 4; ++q) rows[v][q] = row_of(cells[v][q]);
   }
 }
 
-template <int kThreads, int kVectors, bool kContiguous>
+// Where a token's skip comes from. A template argument rather than a test of
+// which pointer is set: the kernel then loads one value with no predicates
+// and converts it with no selects, about twenty instructions fewer between a
+// token's loads and its table lookups (the path every lookup waits on).
+enum class SkipSource { kPositionsI32, kPositionsI64, kPerToken };
+
+inline SkipSource skip_source(const CsaTranslatePackParams& p) {
+  if (p.skip) return SkipSource::kPerToken;
+  return p.positions.i64 ? SkipSource::kPositionsI64 : SkipSource::kPositionsI32;
+}
+
+// The one value a token's skip is made from, loaded (widened only to carry
+// either dtype; its use comes after the token's other loads are out).
+template <SkipSource kSource>
+UKV_DEVICE int64_t load_skip_input(const CsaTranslatePackParams& p, int32_t t) {
+  if (kSource == SkipSource::kPerToken) return p.skip[t];
+  if (kSource == SkipSource::kPositionsI64) return p.positions.i64[t];
+  return p.positions.i32[t];
+}
+
+template <SkipSource kSource>
+UKV_DEVICE int32_t skip_of(int64_t loaded, int32_t window) {
+  if (kSource == SkipSource::kPerToken) return static_cast<int32_t>(loaded);
+  return swa_window_count(clamp_position(loaded), window);
+}
+
+template <int kThreads, int kVectors, bool kCompact, SkipSource kSource>
 __global__ void csa_translate_pack_kernel(CsaTranslatePackParams p) {
   gpu::after_prior_kernels();
   constexpr int32_t kTile = kThreads * kVectors * 4;
@@ -89,32 +116,42 @@ __global__ void csa_translate_pack_kernel(CsaTranslatePackParams p) {
   load_topk_tile<kThreads, kVectors>(p.topk + t * p.topk_row_stride + tile_start * p.topk_col_stride,
                                      p.topk_col_stride, tile_lanes, cells);
   const int32_t bid = p.batch_id[t];
-  const int32_t skip_in = p.skip ? p.skip[t] : 0;
-  const LoadedPosition position = load_position_raw(p.positions, t);
+  const int64_t skip_input = load_skip_input<kSource>(p, t);
   const int64_t begin = p.out.indptr[t];
   const int64_t end = p.out.indptr[t + 1];
 
-  const int32_t skip = p.skip ? skip_in : swa_window_count(position_value(position, p.positions), p.window);
-  const int64_t valid_k = min_i64(max_i64(end - begin - skip, 0), p.topk_width);
-  const int32_t count = static_cast<int32_t>(min_i64(valid_k - tile_start, tile_lanes));
+  const int32_t skip = skip_of<kSource>(skip_input, p.window);
+  // In 32 bits once clamped: 64-bit arithmetic costs two to three
+  // instructions an operation, on the path every lookup waits for.
+  const int32_t valid_k = static_cast<int32_t>(min_i64(max_i64(end - begin - skip, 0), p.topk_width));
+  const int32_t count = min_i32(valid_k - tile_start, tile_lanes);
   if (!is_real_token(bid, p.table.rows) || count <= 0) return;
   const SliceBounds bounds = slice_bounds(p.out, t);
 
   const TableRow row = table_row(p.table, bid);
   const auto row_of = [&](int32_t entry) {
-    return compress_row<kContiguous>(row, entry, p.rows_per_block, p.compress_base);
+    return compress_row<kCompact>(row, entry, p.rows_per_block, p.compress_base);
   };
   const int64_t first = begin + tile_start;
   if (vector_aligned(p.out, first)) {
     // The tile's cells fall on the output's 16-byte grid as they were loaded:
     // every thread translates and stores its own groups, no staging.
+    // Whether the tile's count cells lie in the slice, as they do unless the
+    // indptr is out of order or past the output: then no store needs its own
+    // bounds check (64-bit compares, on the path every store waits for).
+    const bool inside = first >= bounds.lo && first + count <= bounds.hi;
     int32_t rows[kVectors][4];
-    translate_tile<kThreads, kVectors>(cells, count, row_of, rows);
+    translate_tile(cells, row_of, rows);
 #pragma unroll
     for (int v = 0; v < kVectors; ++v) {
       const int32_t lane = tile_lane<kThreads>(v, 0);
+      const int4 group = make_int4(rows[v][0], rows[v][1], rows[v][2], rows[v][3]);
       if (lane + 4 <= count) {
-        store_group_in_slice(p.out, bounds, first + lane, make_int4(rows[v][0], rows[v][1], rows[v][2], rows[v][3]));
+        if (inside) {
+          *reinterpret_cast<int4*>(p.out.data + first + lane) = group;
+        } else {
+          store_group_in_slice(p.out, bounds, first + lane, group);
+        }
       } else {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {

@@ -37,9 +37,12 @@ UKV_HOST_DEVICE LoadedPosition load_position_raw(const Positions& positions, int
 
 // Positions are read as int32: a position below 0 behaves like "no token yet"
 // (-1) and one past the int32 range is held where pos + 1 cannot overflow.
-UKV_HOST_DEVICE int32_t position_value(const LoadedPosition& loaded, const Positions& positions) {
-  const int64_t p = positions.i64 ? loaded.i64 : loaded.i32;
+UKV_HOST_DEVICE int32_t clamp_position(int64_t p) {
   return static_cast<int32_t>(min_i64(max_i64(p, -1), INT32_MAX - 1));
+}
+
+UKV_HOST_DEVICE int32_t position_value(const LoadedPosition& loaded, const Positions& positions) {
+  return clamp_position(positions.i64 ? loaded.i64 : loaded.i32);
 }
 
 UKV_HOST_DEVICE int32_t load_position(const Positions& positions, int32_t t) {
@@ -48,8 +51,13 @@ UKV_HOST_DEVICE int32_t load_position(const Positions& positions, int32_t t) {
 
 // x / d and x % d for 0 <= x < 2^31 (see Divisor). A negative x gives some
 // value, which the callers' clamps keep in bounds either way.
+// (x * multiplier) >> (31 + l) is taken as the high word of 2x * multiplier
+// (2x fits 32 bits) shifted by l: a 32-bit multiply-high, where the 64-bit
+// product would keep every later use of the quotient in 64-bit arithmetic.
 UKV_HOST_DEVICE int32_t quotient(int32_t x, const Divisor& d) {
-  return static_cast<int32_t>((static_cast<uint64_t>(static_cast<uint32_t>(x)) * d.multiplier) >> d.shift);
+  const uint64_t twice_x = static_cast<uint32_t>(x) << 1;
+  const uint32_t high = static_cast<uint32_t>((twice_x * d.multiplier) >> 32);
+  return static_cast<int32_t>(high >> (d.shift - 31));
 }
 UKV_HOST_DEVICE int32_t remainder(int32_t x, const Divisor& d) {
   return static_cast<int32_t>(static_cast<uint32_t>(x) -
@@ -57,22 +65,37 @@ UKV_HOST_DEVICE int32_t remainder(int32_t x, const Divisor& d) {
 }
 
 // One sequence's row of a block table. A kernel takes the row once per token
-// and then looks up many columns in it; kContiguous (col_stride == 1, how
-// every engine's tables are laid out) drops the 64-bit column multiply from
-// each lookup, which is most of a lookup's address arithmetic.
+// and then looks up many columns in it. A compact table (rows of contiguous
+// columns, every cell within 2^31 cells of the start: how every engine lays
+// its tables out, see is_compact) is addressed with a 32-bit cell offset from
+// the table's start: one add and one multiply-add per lookup. A 64-bit offset
+// costs four, because the compiler folds the row's offset into each lookup's
+// address rather than keeping a row pointer.
 struct TableRow {
-  const int32_t* data;
+  const int32_t* table;  // the table's first cell
+  int64_t first;         // offset of the row's first cell
   int64_t col_stride;
   int32_t cols;
 };
 
 UKV_HOST_DEVICE TableRow table_row(const Table& table, int32_t row) {
-  return {table.data + row * table.row_stride, table.col_stride, table.cols};
+  return {table.data, row * table.row_stride, table.col_stride, table.cols};
 }
 
-template <bool kContiguous = false>
+UKV_HOST_DEVICE const int32_t* row_start(const TableRow& row) { return row.table + row.first; }
+
+// Whether every cell of the table lies within 2^31 - 1 cells of its start
+// and its columns are contiguous (id_at<true> may be used).
+UKV_HOST_DEVICE bool is_compact(const Table& table) {
+  return table.col_stride == 1 && table.row_stride >= 0 &&
+         (static_cast<int64_t>(table.rows) - 1) * table.row_stride + table.cols <= INT32_MAX;
+}
+
+// The id in column col of the row, col in [0, cols) (the callers clamp it).
+template <bool kCompact = false>
 UKV_HOST_DEVICE int32_t id_at(const TableRow& row, int32_t col) {
-  return kContiguous ? row.data[col] : row.data[col * row.col_stride];
+  if (kCompact) return row.table[static_cast<uint32_t>(row.first) + static_cast<uint32_t>(col)];
+  return row.table[row.first + col * row.col_stride];
 }
 
 // Rows of the sliding window visible to the token at pos: min(pos + 1, window).
@@ -106,14 +129,18 @@ UKV_HOST_DEVICE int32_t swa_row(const Table& swa_table, int32_t seq, int32_t a, 
 // Entries outside the row are clamped onto it, which keeps the read in bounds
 // for lanes past valid_k whose top-k cells hold garbage (H-f); those lanes are
 // never stored.
-template <bool kContiguous = false>
+template <bool kCompact = false>
 UKV_HOST_DEVICE int32_t compress_row(const TableRow& row, int32_t entry, const Divisor& rows_per_block,
                                      int32_t compress_base) {
-  const int32_t last = row.cols * rows_per_block.value - 1;
-  const int32_t e = min_i32(max_i32(entry, 0), last);
-  const uint32_t id = static_cast<uint32_t>(id_at<kContiguous>(row, quotient(e, rows_per_block)));
-  return static_cast<int32_t>(static_cast<uint32_t>(compress_base) + id * static_cast<uint32_t>(rows_per_block.value) +
-                              static_cast<uint32_t>(remainder(e, rows_per_block)));
+  const int32_t last = row.cols * rows_per_block.value - 1;  // >= 0: a table has a column
+  const int32_t e = max_i32(min_i32(entry, last), 0);
+  const int32_t q = quotient(e, rows_per_block);
+  const uint32_t id = static_cast<uint32_t>(id_at<kCompact>(row, q));
+  // base + id * k + (e - q * k), arranged as (id - q) * k + (base + e) so that
+  // two operations wait for the lookup rather than four.
+  const uint32_t k = static_cast<uint32_t>(rows_per_block.value);
+  return static_cast<int32_t>((id - static_cast<uint32_t>(q)) * k +
+                              (static_cast<uint32_t>(compress_base) + static_cast<uint32_t>(e)));
 }
 
 UKV_HOST_DEVICE int32_t compress_row(const Table& table, int32_t seq, int32_t entry, const Divisor& rows_per_block,

@@ -24,26 +24,36 @@ constexpr int32_t kTargetBlocks = 256;
 // A grid dimension: the launch sizes fit int32 (token counts are int32).
 int32_t blocks_of(int64_t a, int64_t b) { return static_cast<int32_t>(ceil_div(a, b)); }
 
-template <int kThreads, int kVectors>
+template <int kThreads, int kVectors, SkipSource kSource>
 gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream) {
   const dim3 grid(p.num_tokens, blocks_of(p.topk_width, kThreads * kVectors * 4));
-  if (p.table.col_stride == 1) {
-    return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors, true>, grid, kThreads, stream, p);
+  if (is_compact(p.table)) {
+    return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors, true, kSource>, grid, kThreads, stream, p);
   }
-  return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors, false>, grid, kThreads, stream, p);
+  return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors, false, kSource>, grid, kThreads, stream, p);
+}
+
+template <int kThreads, int kVectors>
+gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream) {
+  switch (skip_source(p)) {
+    case SkipSource::kPerToken: return launch_csa_tiles<kThreads, kVectors, SkipSource::kPerToken>(p, stream);
+    case SkipSource::kPositionsI64: return launch_csa_tiles<kThreads, kVectors, SkipSource::kPositionsI64>(p, stream);
+    default: return launch_csa_tiles<kThreads, kVectors, SkipSource::kPositionsI32>(p, stream);
+  }
 }
 
 }  // namespace
 
-// Tile shapes measured on an H200 (benchmarks/RESULTS.md, launch sweep): a
-// single token spreads its row over four 64-thread blocks; up to a few hundred
-// tokens a block of 256 threads takes a whole row (one wave, fewest blocks);
+// Tile shapes measured on an H200 (benchmarks/RESULTS.md, launch sweeps): a
+// single token spreads its row over four 64-thread blocks; up to 2048 tokens a
+// block of 256 threads takes a whole row (the shortest path per thread:
+// 2.04 us against 2.15 for 128 x 2 at T = 512, 4.30 against 4.42 at 2048);
 // beyond, 128 threads of 8 cells each keep more bytes in flight per
-// multiprocessor.
+// multiprocessor (17.8 us against 19.0 at 8192).
 gpu::Error launch_csa_translate_pack(const CsaTranslatePackParams& p, gpu::Stream stream) {
   if (p.num_tokens == 0 || p.topk_width == 0) return gpu::kSuccess;
   if (p.num_tokens == 1) return launch_csa_tiles<64, 1>(p, stream);
-  if (p.num_tokens <= 256) return launch_csa_tiles<256, 1>(p, stream);
+  if (p.num_tokens <= 2048) return launch_csa_tiles<256, 1>(p, stream);
   return launch_csa_tiles<128, 2>(p, stream);
 }
 

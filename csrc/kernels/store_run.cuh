@@ -69,9 +69,10 @@ UKV_DEVICE int4 unit_k_group(const TableRow& row, int32_t e, int32_t compress_ba
   const uint32_t base = static_cast<uint32_t>(compress_base);
   const int32_t shift = e & 3;
   const int32_t q = e >> 2;
+  const int32_t* data = row_start(row);
   int32_t v[4];
-  if ((reinterpret_cast<uintptr_t>(row.data) & 15) == 0 && q + (shift ? 1 : 0) < row.cols / 4) {
-    const int4* groups = reinterpret_cast<const int4*>(row.data);
+  if ((reinterpret_cast<uintptr_t>(data) & 15) == 0 && q + (shift ? 1 : 0) < row.cols / 4) {
+    const int4* groups = reinterpret_cast<const int4*>(data);
     const int4 a = groups[q];
     const int4 b = shift ? groups[q + 1] : a;
     // A switch, not w[shift + j]: a register array indexed at run time would
@@ -84,7 +85,7 @@ UKV_DEVICE int4 unit_k_group(const TableRow& row, int32_t e, int32_t compress_ba
     }
   } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = row.data[e + j];
+    for (int j = 0; j < 4; ++j) v[j] = data[e + j];
   }
   return make_int4(static_cast<int32_t>(base + static_cast<uint32_t>(v[0])),
                    static_cast<int32_t>(base + static_cast<uint32_t>(v[1])),

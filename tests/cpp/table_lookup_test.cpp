@@ -1,0 +1,90 @@
+// The table addressing of the index kernels (kernels/index_formulas.h): which
+// tables take the 32-bit compact lookup, and that it reads the same cells as
+// the general one; compress_row against its defining formula
+// base + table[seq][e / k] * k + e % k, with entries clamped onto the row.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/index_formulas.h"
+
+namespace ukv::kernels {
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+Table table_of(const int32_t* data, int32_t rows, int32_t cols, int64_t row_stride, int64_t col_stride) {
+  return {data, rows, cols, row_stride, col_stride};
+}
+
+TEST(TableLookup, CompactMeansContiguousColumnsAndEveryCellBelow2To31) {
+  const int32_t* none = nullptr;  // is_compact reads only the shape
+  EXPECT_TRUE(is_compact(table_of(none, 64, 513, 513, 1)));
+  EXPECT_TRUE(is_compact(table_of(none, 64, 100, 4096, 1)));  // padded rows
+  EXPECT_TRUE(is_compact(table_of(none, 0, 8, 8, 1)));
+  EXPECT_TRUE(is_compact(table_of(none, 3, 8, 0, 1)));  // one row broadcast
+  EXPECT_FALSE(is_compact(table_of(none, 64, 513, 1, 64)));  // transposed
+  EXPECT_FALSE(is_compact(table_of(none, 64, 513, -513, 1)));
+  // The last cell's offset, (rows - 1) * row_stride + cols - 1, at the limit and one past it.
+  const int32_t cols = 1024;
+  const int64_t stride = (kInt32Max - cols) / 2;
+  EXPECT_TRUE(is_compact(table_of(none, 3, cols, stride, 1)));
+  EXPECT_FALSE(is_compact(table_of(none, 3, cols, stride + 1, 1)));
+  EXPECT_FALSE(is_compact(table_of(none, 1 << 20, 4096, 4096, 1)));  // 2^32 cells
+}
+
+// base + table[seq][clamp(e) / k] * k + clamp(e) % k in 64-bit arithmetic, wrapped to int32 like the output.
+int32_t compress_row_reference(const std::vector<int32_t>& cells, int32_t cols, int64_t row_stride, int32_t seq,
+                               int64_t entry, int32_t k, int32_t base) {
+  const int64_t last = int64_t{cols} * k - 1;
+  const int64_t e = entry < 0 ? 0 : (entry > last ? last : entry);
+  const int64_t id = cells[static_cast<size_t>(seq * row_stride + e / k)];
+  return static_cast<int32_t>(static_cast<uint32_t>(base + id * k + e % k));
+}
+
+TEST(TableLookup, CompactAndGeneralLookupsMatchTheFormula) {
+  std::mt19937 rng(11);
+  const int32_t rows = 5, cols = 37;
+  const int64_t row_stride = 41;  // padded rows
+  std::vector<int32_t> cells(static_cast<size_t>(rows * row_stride));
+  std::uniform_int_distribution<int32_t> id(0, 1 << 24);
+  for (auto& c : cells) c = id(rng);
+  const Table table = table_of(cells.data(), rows, cols, row_stride, 1);
+  ASSERT_TRUE(is_compact(table));
+  for (int32_t k : {1, 3, 32, 128}) {
+    const Divisor divisor = make_divisor(k);
+    const int32_t last = cols * k - 1;
+    std::vector<int32_t> entries = {0, 1, k - 1, k, last - 1, last, last + 1, -1, std::numeric_limits<int32_t>::min(),
+                                    std::numeric_limits<int32_t>::max()};
+    std::uniform_int_distribution<int32_t> any(-2 * last, 2 * last);
+    for (int i = 0; i < 500; ++i) entries.push_back(any(rng));
+    for (int32_t base : {0, 7 * 128, std::numeric_limits<int32_t>::max()}) {
+      for (int32_t seq = 0; seq < rows; ++seq) {
+        const TableRow row = table_row(table, seq);
+        for (int32_t e : entries) {
+          const int32_t expected = compress_row_reference(cells, cols, row_stride, seq, e, k, base);
+          ASSERT_EQ(compress_row<true>(row, e, divisor, base), expected) << "k=" << k << " seq=" << seq << " e=" << e;
+          ASSERT_EQ(compress_row<false>(row, e, divisor, base), expected) << "k=" << k << " seq=" << seq << " e=" << e;
+        }
+      }
+    }
+  }
+}
+
+TEST(TableLookup, GeneralLookupFollowsTheColumnStride) {
+  const int32_t rows = 3, cols = 4;
+  std::vector<int32_t> cells(rows * cols);
+  for (size_t i = 0; i < cells.size(); ++i) cells[i] = static_cast<int32_t>(100 + i);
+  // The transpose of a [cols, rows] matrix: cell (r, c) at c * rows + r.
+  const Table transposed = table_of(cells.data(), rows, cols, 1, rows);
+  ASSERT_FALSE(is_compact(transposed));
+  for (int32_t r = 0; r < rows; ++r) {
+    for (int32_t c = 0; c < cols; ++c) EXPECT_EQ(id_at(table_row(transposed, r), c), 100 + c * rows + r);
+  }
+}
+
+}  // namespace
+}  // namespace ukv::kernels
