@@ -10,12 +10,19 @@
 // used, so a block waits for one memory round trip before the table lookups.
 // The order in the source is what makes that hold in the SASS: the compiler
 // does not move a load above a branch or an early return, nor a use of a loaded
-// value out of the branch region it was loaded in, so the top-k loads (which
-// branch on the vector path) come first, the skip input is converted only
-// after every load, and a padding token returns only once all of them are
-// out. When the tile's first output cell is 16-byte aligned (every
-// token's slice in a decode batch of full windows, most prefill tokens) each
-// thread translates and stores the groups it loaded. Otherwise the cells below
+// value out of the branch region it was loaded in, so the top-k loads (which,
+// unless the launcher found every row 16-byte loadable, branch between vector
+// and scalar loads) come first, the skip input is converted only after every
+// load, and a padding token returns only once all of them are out. Past that
+// one round trip, the time goes to the instructions on the path from a
+// token's loads to its lookups (every block is resident at once, and each
+// scheduler's warps reach each instruction together): what the launcher can
+// decide (table layout, top-k layout, where skip comes from) is a template
+// argument rather than a test in that path.
+//
+// When the tile's first output cell is 16-byte aligned (every token's slice in
+// a decode batch of full windows, most prefill tokens) each thread translates
+// and stores the groups it loaded. Otherwise the cells below
 // valid_k are staged in shared memory and written with aligned vector stores
 // (store_run): loads follow the top-k row, stores the output's 16-byte grid,
 // and the two need not line up. Lanes past valid_k are read and translated
@@ -39,16 +46,20 @@ UKV_DEVICE int32_t tile_lane(int v, int q) {
 }
 
 // The tile's top-k cells of this thread (kVectors groups of 4 lanes); lanes at
-// or past tile_lanes are left 0.
-template <int kThreads, int kVectors>
+// or past tile_lanes are left 0. kVectorRows: the launcher has checked that
+// every tile starts on a 16-byte boundary of contiguous cells and that
+// tile_lanes is a multiple of 4 (topk_rows_vectorizable), so each group is one
+// predicated 16-byte load with no branch; a branch between vector and scalar
+// loads here would sit before every load of the kernel.
+template <int kThreads, int kVectors, bool kVectorRows>
 UKV_DEVICE void load_topk_tile(const int32_t* row, int64_t col_stride, int32_t tile_lanes,
                                int32_t (&cells)[kVectors][4]) {
-  const bool vector_loads = col_stride == 1 && (reinterpret_cast<uintptr_t>(row) & 15) == 0;
+  const bool vector_loads = kVectorRows || (col_stride == 1 && (reinterpret_cast<uintptr_t>(row) & 15) == 0);
 #pragma unroll
   for (int v = 0; v < kVectors; ++v) {
     const int32_t lane = tile_lane<kThreads>(v, 0);
-    if (vector_loads && lane + 4 <= tile_lanes) {
-      const int4 g = *reinterpret_cast<const int4*>(row + lane);
+    if (kVectorRows || (vector_loads && lane + 4 <= tile_lanes)) {
+      const int4 g = lane < tile_lanes ? *reinterpret_cast<const int4*>(row + lane) : make_int4(0, 0, 0, 0);
       cells[v][0] = g.x;
       cells[v][1] = g.y;
       cells[v][2] = g.z;
@@ -58,6 +69,12 @@ UKV_DEVICE void load_topk_tile(const int32_t* row, int64_t col_stride, int32_t t
       for (int q = 0; q < 4; ++q) cells[v][q] = lane + q < tile_lanes ? row[(lane + q) * col_stride] : 0;
     }
   }
+}
+
+// Whether every top-k tile can be read with 16-byte loads (see load_topk_tile).
+inline bool topk_rows_vectorizable(const CsaTranslatePackParams& p) {
+  return p.topk_col_stride == 1 && p.topk_row_stride % 4 == 0 && p.topk_width % 4 == 0 &&
+         (reinterpret_cast<uintptr_t>(p.topk) & 15) == 0;
 }
 
 // The translated rows of this thread's cells, for the aligned path. Every
@@ -103,7 +120,7 @@ UKV_DEVICE int32_t skip_of(int64_t loaded, int32_t window) {
   return swa_window_count(clamp_position(loaded), window);
 }
 
-template <int kThreads, int kVectors, bool kCompact, SkipSource kSource>
+template <int kThreads, int kVectors, bool kCompact, bool kVectorRows, SkipSource kSource>
 __global__ void csa_translate_pack_kernel(CsaTranslatePackParams p) {
   gpu::after_prior_kernels();
   constexpr int32_t kTile = kThreads * kVectors * 4;
@@ -113,8 +130,8 @@ __global__ void csa_translate_pack_kernel(CsaTranslatePackParams p) {
   const int32_t tile_lanes = min_i32(kTile, p.topk_width - tile_start);
 
   int32_t cells[kVectors][4];
-  load_topk_tile<kThreads, kVectors>(p.topk + t * p.topk_row_stride + tile_start * p.topk_col_stride,
-                                     p.topk_col_stride, tile_lanes, cells);
+  load_topk_tile<kThreads, kVectors, kVectorRows>(p.topk + t * p.topk_row_stride + tile_start * p.topk_col_stride,
+                                                  p.topk_col_stride, tile_lanes, cells);
   const int32_t bid = p.batch_id[t];
   const int64_t skip_input = load_skip_input<kSource>(p, t);
   const int64_t begin = p.out.indptr[t];

@@ -27,10 +27,15 @@ int32_t blocks_of(int64_t a, int64_t b) { return static_cast<int32_t>(ceil_div(a
 template <int kThreads, int kVectors, SkipSource kSource>
 gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream) {
   const dim3 grid(p.num_tokens, blocks_of(p.topk_width, kThreads * kVectors * 4));
-  if (is_compact(p.table)) {
-    return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors, true, kSource>, grid, kThreads, stream, p);
+  const bool compact = is_compact(p.table);
+  const bool vector_rows = topk_rows_vectorizable(p);
+  if (compact && vector_rows) {
+    return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors, true, true, kSource>, grid, kThreads, stream, p);
   }
-  return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors, false, kSource>, grid, kThreads, stream, p);
+  if (compact) {
+    return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors, true, false, kSource>, grid, kThreads, stream, p);
+  }
+  return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors, false, false, kSource>, grid, kThreads, stream, p);
 }
 
 template <int kThreads, int kVectors>
@@ -47,9 +52,9 @@ gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream)
 // Tile shapes measured on an H200 (benchmarks/RESULTS.md, launch sweeps): a
 // single token spreads its row over four 64-thread blocks; up to 2048 tokens a
 // block of 256 threads takes a whole row (the shortest path per thread:
-// 2.04 us against 2.15 for 128 x 2 at T = 512, 4.30 against 4.42 at 2048);
+// 1.92 us against 1.97 for 128 x 2 at T = 512, 4.17 against 4.55 at 2048);
 // beyond, 128 threads of 8 cells each keep more bytes in flight per
-// multiprocessor (17.8 us against 19.0 at 8192).
+// multiprocessor (18.1 us against 18.7 at 8192).
 gpu::Error launch_csa_translate_pack(const CsaTranslatePackParams& p, gpu::Stream stream) {
   if (p.num_tokens == 0 || p.topk_width == 0) return gpu::kSuccess;
   if (p.num_tokens == 1) return launch_csa_tiles<64, 1>(p, stream);
