@@ -45,36 +45,46 @@ UKV_DEVICE int32_t tile_lane(int v, int q) {
   return (v * kThreads + static_cast<int32_t>(threadIdx.x)) * 4 + q;
 }
 
-// The tile's top-k cells of this thread (kVectors groups of 4 lanes); lanes at
-// or past tile_lanes are left 0. kVectorRows: the launcher has checked that
-// every tile starts on a 16-byte boundary of contiguous cells and that
-// tile_lanes is a multiple of 4 (topk_rows_vectorizable), so each group is one
-// predicated 16-byte load with no branch; a branch between vector and scalar
-// loads here would sit before every load of the kernel.
+// Whether every top-k tile can be read with 16-byte loads (see load_topk_tile)
+// and every cell lies within 2^31 - 1 cells of the first, so that a group's
+// address is one 32-bit multiply-add from the start.
+inline bool topk_rows_vectorizable(const CsaTranslatePackParams& p) {
+  return p.topk_col_stride == 1 && p.topk_row_stride >= 0 && p.topk_row_stride % 4 == 0 && p.topk_width % 4 == 0 &&
+         (reinterpret_cast<uintptr_t>(p.topk) & 15) == 0 &&
+         (static_cast<int64_t>(p.num_tokens) - 1) * p.topk_row_stride + p.topk_width <= INT32_MAX;
+}
+
+// Token t's top-k cells of the tile from tile_start, this thread's kVectors
+// groups of 4 lanes; lanes at or past tile_lanes are left 0. kVectorRows: the
+// launcher has checked topk_rows_vectorizable, so every group is one
+// predicated 16-byte load with no branch (a branch between vector and scalar
+// loads here would sit before every load of the kernel) at a 32-bit offset.
 template <int kThreads, int kVectors, bool kVectorRows>
-UKV_DEVICE void load_topk_tile(const int32_t* row, int64_t col_stride, int32_t tile_lanes,
+UKV_DEVICE void load_topk_tile(const CsaTranslatePackParams& p, int32_t t, int32_t tile_start, int32_t tile_lanes,
                                int32_t (&cells)[kVectors][4]) {
-  const bool vector_loads = kVectorRows || (col_stride == 1 && (reinterpret_cast<uintptr_t>(row) & 15) == 0);
+  const int32_t* row = p.topk + t * p.topk_row_stride + tile_start * p.topk_col_stride;
+  const bool vector_loads = p.topk_col_stride == 1 && (reinterpret_cast<uintptr_t>(row) & 15) == 0;
 #pragma unroll
   for (int v = 0; v < kVectors; ++v) {
     const int32_t lane = tile_lane<kThreads>(v, 0);
-    if (kVectorRows || (vector_loads && lane + 4 <= tile_lanes)) {
-      const int4 g = lane < tile_lanes ? *reinterpret_cast<const int4*>(row + lane) : make_int4(0, 0, 0, 0);
+    if (kVectorRows) {
+      const uint32_t offset = t * static_cast<int32_t>(p.topk_row_stride) + tile_start + lane;
+      const int4 g = lane < tile_lanes ? *reinterpret_cast<const int4*>(p.topk + offset) : make_int4(0, 0, 0, 0);
+      cells[v][0] = g.x;
+      cells[v][1] = g.y;
+      cells[v][2] = g.z;
+      cells[v][3] = g.w;
+    } else if (vector_loads && lane + 4 <= tile_lanes) {
+      const int4 g = *reinterpret_cast<const int4*>(row + lane);
       cells[v][0] = g.x;
       cells[v][1] = g.y;
       cells[v][2] = g.z;
       cells[v][3] = g.w;
     } else {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) cells[v][q] = lane + q < tile_lanes ? row[(lane + q) * col_stride] : 0;
+      for (int q = 0; q < 4; ++q) cells[v][q] = lane + q < tile_lanes ? row[(lane + q) * p.topk_col_stride] : 0;
     }
   }
-}
-
-// Whether every top-k tile can be read with 16-byte loads (see load_topk_tile).
-inline bool topk_rows_vectorizable(const CsaTranslatePackParams& p) {
-  return p.topk_col_stride == 1 && p.topk_row_stride % 4 == 0 && p.topk_width % 4 == 0 &&
-         (reinterpret_cast<uintptr_t>(p.topk) & 15) == 0;
 }
 
 // The translated rows of this thread's cells, for the aligned path. Every
@@ -130,8 +140,7 @@ __global__ void csa_translate_pack_kernel(CsaTranslatePackParams p) {
   const int32_t tile_lanes = min_i32(kTile, p.topk_width - tile_start);
 
   int32_t cells[kVectors][4];
-  load_topk_tile<kThreads, kVectors, kVectorRows>(p.topk + t * p.topk_row_stride + tile_start * p.topk_col_stride,
-                                                  p.topk_col_stride, tile_lanes, cells);
+  load_topk_tile<kThreads, kVectors, kVectorRows>(p, t, tile_start, tile_lanes, cells);
   const int32_t bid = p.batch_id[t];
   const int64_t skip_input = load_skip_input<kSource>(p, t);
   const int64_t begin = p.out.indptr[t];
