@@ -10,15 +10,15 @@ Timing: eager = back-to-back calls between two CUDA events, the median of
 EAGER_ROUNDS runs of iters / EAGER_ROUNDS calls (per-call host cost included
 when it exceeds the kernel);
 graph = CALLS_PER_GRAPH calls captured in one CUDA graph, replayed between two
-events, per call (the cost of the op as one node of a captured forward, the way
-Triton's do_bench_cudagraph measures); graph x1 = a graph holding one call, per
-replay, which adds the graph launch. The header also gives the same run's
-floors: an eager ATen zero_ of 4 cells (dispatch + launch), the same zero_ as
-one of CALLS_PER_GRAPH graph nodes, and a one-node graph replay. An eager call
-of a decode-sized op is bound by the host, whose speed on a shared machine
-moves by tens of percent within a run, so each case's eager time is given
-beside an eager zero_ timed in the same stretch ("zero_ beside": its runs
-alternate with the op's).
+events, per call, the median of GRAPH_ROUNDS runs (the cost of the op as one
+node of a captured forward, the way Triton's do_bench_cudagraph measures);
+graph x1 = a graph holding one call, per replay, which adds the graph launch.
+The header also gives the same run's floors: an eager ATen zero_ of 4 cells
+(dispatch + launch), the same zero_ as one of CALLS_PER_GRAPH graph nodes, and
+a one-node graph replay. An eager call of a decode-sized op is bound by the
+host, whose speed on a shared machine moves by tens of percent within a run,
+so each case's eager time is given beside an eager zero_ timed in the same
+stretch ("zero_ beside": its runs alternate with the op's).
 
 Bytes moved count 4 bytes per int32 read and written per output cell (a
 translated top-k cell: top-k read + table read + write = 12 B), so at large
@@ -398,10 +398,14 @@ def run_calls(fn, calls, device) -> float:
 
 CALLS_PER_GRAPH = 20
 EAGER_ROUNDS = 15  # eager runs per case, alternating with those of the zero_ beside
+GRAPH_ROUNDS = 5  # runs of iters / CALLS_PER_GRAPH replays per graph figure
 
 
-def time_graph(fn, iters, calls_per_graph=CALLS_PER_GRAPH) -> float:
-    """Microseconds per call of `calls_per_graph` calls captured in one graph."""
+def time_graph(fn, iters, calls_per_graph=CALLS_PER_GRAPH, rounds=GRAPH_ROUNDS) -> float:
+    """Microseconds per call of `calls_per_graph` calls captured in one graph:
+    the median over `rounds` runs of back-to-back replays (one run of a few
+    thousand calls lasts milliseconds, and a clock or neighbour change within it
+    moves a decode-sized figure by a tenth of a microsecond)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -416,13 +420,9 @@ def time_graph(fn, iters, calls_per_graph=CALLS_PER_GRAPH) -> float:
         graph.replay()
     torch.cuda.synchronize()
     replays = max(1, iters // calls_per_graph)
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) / (replays * calls_per_graph) * 1e3
+    device = torch.device("cuda", torch.cuda.current_device())
+    runs = [run_calls(graph.replay, replays, device) for _ in range(rounds)]
+    return statistics.median(runs) / calls_per_graph
 
 
 def floors(device, iters) -> Dict[str, Optional[float]]:
