@@ -45,15 +45,6 @@ UKV_DEVICE int32_t tile_lane(int v, int q) {
   return (v * kThreads + static_cast<int32_t>(threadIdx.x)) * 4 + q;
 }
 
-// Whether every top-k tile can be read with 16-byte loads (see load_topk_tile)
-// and every cell lies within 2^31 - 1 cells of the first, so that a group's
-// address is one 32-bit multiply-add from the start.
-inline bool topk_rows_vectorizable(const CsaTranslatePackParams& p) {
-  return p.topk_col_stride == 1 && p.topk_row_stride >= 0 && p.topk_row_stride % 4 == 0 && p.topk_width % 4 == 0 &&
-         (reinterpret_cast<uintptr_t>(p.topk) & 15) == 0 &&
-         (static_cast<int64_t>(p.num_tokens) - 1) * p.topk_row_stride + p.topk_width <= INT32_MAX;
-}
-
 // Token t's top-k cells of the tile from tile_start, this thread's kVectors
 // groups of 4 lanes; lanes at or past tile_lanes are left 0. kVectorRows: the
 // launcher has checked topk_rows_vectorizable, so every group is one

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "core/ceil_div.h"
 #include "kernels/compat.h"
 #include "kernels/index_params.h"
 
@@ -89,6 +90,18 @@ UKV_HOST_DEVICE const int32_t* row_start(const TableRow& row) { return row.table
 UKV_HOST_DEVICE bool is_compact(const Table& table) {
   return table.col_stride == 1 && table.row_stride >= 0 &&
          (static_cast<int64_t>(table.rows) - 1) * table.row_stride + table.cols <= INT32_MAX;
+}
+
+// Whether csa_translate_pack may read every top-k tile of tile_cells lanes
+// with 16-byte loads (load_topk_tile<kVectorRows>): contiguous rows, 16-byte
+// aligned, whole groups of 4; and every lane's offset from the start, the
+// masked lanes of a row's last tile included, fits int32, so that a group's
+// address is one 32-bit multiply-add from the start with no overflow.
+inline bool topk_rows_vectorizable(const CsaTranslatePackParams& p, int32_t tile_cells) {
+  const int64_t lanes_per_row = ceil_div(p.topk_width, tile_cells) * tile_cells;
+  return p.topk_col_stride == 1 && p.topk_row_stride >= 0 && p.topk_row_stride % 4 == 0 && p.topk_width % 4 == 0 &&
+         (reinterpret_cast<uintptr_t>(p.topk) & 15) == 0 &&
+         (static_cast<int64_t>(p.num_tokens) - 1) * p.topk_row_stride + lanes_per_row <= INT32_MAX;
 }
 
 // The id in column col of the row, col in [0, cols) (the callers clamp it).

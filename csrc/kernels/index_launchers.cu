@@ -26,9 +26,10 @@ int32_t blocks_of(int64_t a, int64_t b) { return static_cast<int32_t>(ceil_div(a
 
 template <int kThreads, int kVectors, SkipSource kSource>
 gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream) {
-  const dim3 grid(p.num_tokens, blocks_of(p.topk_width, kThreads * kVectors * 4));
+  constexpr int32_t kTileCells = kThreads * kVectors * 4;
+  const dim3 grid(p.num_tokens, blocks_of(p.topk_width, kTileCells));
   const bool compact = is_compact(p.table);
-  const bool vector_rows = topk_rows_vectorizable(p);
+  const bool vector_rows = topk_rows_vectorizable(p, kTileCells);
   if (compact && vector_rows) {
     return gpu::launch(csa_translate_pack_kernel<kThreads, kVectors, true, true, kSource>, grid, kThreads, stream, p);
   }

@@ -36,6 +36,41 @@ TEST(TableLookup, CompactMeansContiguousColumnsAndEveryCellBelow2To31) {
   EXPECT_FALSE(is_compact(table_of(none, 1 << 20, 4096, 4096, 1)));  // 2^32 cells
 }
 
+// A top-k of num_tokens rows at topk (read only as an address).
+CsaTranslatePackParams topk_of(uintptr_t topk, int32_t num_tokens, int32_t width, int64_t row_stride,
+                               int64_t col_stride = 1) {
+  CsaTranslatePackParams p{};
+  p.topk = reinterpret_cast<const int32_t*>(topk);
+  p.num_tokens = num_tokens;
+  p.topk_width = width;
+  p.topk_row_stride = row_stride;
+  p.topk_col_stride = col_stride;
+  return p;
+}
+
+TEST(TableLookup, TopkVectorRowsNeedAlignedGroupsAndEveryTileLaneBelow2To31) {
+  constexpr uintptr_t kAligned = 1 << 12;
+  constexpr int32_t kTile = 1024;
+  EXPECT_TRUE(topk_rows_vectorizable(topk_of(kAligned, 512, 1024, 1024), kTile));
+  EXPECT_TRUE(topk_rows_vectorizable(topk_of(kAligned, 512, 512, 2048), kTile));  // a narrower view of wider rows
+  EXPECT_TRUE(topk_rows_vectorizable(topk_of(kAligned, 8, 1024, 0), kTile));      // one row broadcast
+  EXPECT_FALSE(topk_rows_vectorizable(topk_of(kAligned + 4, 512, 1024, 1024), kTile));  // 4-byte aligned only
+  EXPECT_FALSE(topk_rows_vectorizable(topk_of(kAligned, 512, 1022, 1024), kTile));      // a partial group
+  EXPECT_FALSE(topk_rows_vectorizable(topk_of(kAligned, 512, 1024, 1026), kTile));      // rows off the 16-byte grid
+  EXPECT_FALSE(topk_rows_vectorizable(topk_of(kAligned, 512, 1024, 1, 512), kTile));    // transposed
+  EXPECT_FALSE(topk_rows_vectorizable(topk_of(kAligned, 512, 1024, -1024), kTile));
+  // The end of the last row's last tile, (T - 1) * row_stride + the width
+  // rounded up to whole tiles (1000 -> 1024), at the largest stride (a
+  // multiple of 4) that keeps it within INT32_MAX, and at the next one.
+  const int64_t stride = (int64_t{1} << 29) - 260;
+  EXPECT_LE(4 * stride + kTile, kInt32Max);
+  EXPECT_GT(4 * (stride + 4) + kTile, kInt32Max);
+  EXPECT_TRUE(topk_rows_vectorizable(topk_of(kAligned, 5, 1000, stride), kTile));
+  EXPECT_FALSE(topk_rows_vectorizable(topk_of(kAligned, 5, 1000, stride + 4), kTile));
+  EXPECT_FALSE(topk_rows_vectorizable(topk_of(kAligned, 5, 1000, stride), 2 * kTile));  // the tile reaches past
+  EXPECT_TRUE(topk_rows_vectorizable(topk_of(kAligned, 1, 1024, int64_t{1} << 40), kTile));  // one row: no stride
+}
+
 // base + table[seq][clamp(e) / k] * k + clamp(e) % k in 64-bit arithmetic, wrapped to int32 like the output.
 int32_t compress_row_reference(const std::vector<int32_t>& cells, int32_t cols, int64_t row_stride, int32_t seq,
                                int64_t entry, int32_t k, int32_t base) {
