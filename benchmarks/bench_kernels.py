@@ -333,7 +333,9 @@ def build_cases(device, quick):
         csa_case("decode T=1 ctx 8K", dec(1, 8), False),
         csa_case("decode T=64 ctx 128K", dec(64, 128), False),
         csa_case("decode T=256 ctx 32K", dec(256, 32), False),
+        csa_case("decode T=512 ctx 32K", dec(512, 32), False),
         csa_case("decode T=512 ctx 64K", dec(512, 64), False),
+        csa_case("decode T=512 ctx 128K", dec(512, 128), False),
         csa_case("prefill T=2048 ctx 32K", pre(2048, 30), True),
         csa_case("prefill T=8192 ctx 64K", pre(8192, 56), True),
     ]
