@@ -45,6 +45,14 @@ UKV_DEVICE int32_t tile_lane(int v, int q) {
   return (v * kThreads + static_cast<int32_t>(threadIdx.x)) * 4 + q;
 }
 
+// The four lanes of one 16-byte group of top-k cells.
+UKV_DEVICE void unpack_group(const int4& g, int32_t (&cells)[4]) {
+  cells[0] = g.x;
+  cells[1] = g.y;
+  cells[2] = g.z;
+  cells[3] = g.w;
+}
+
 // Token t's top-k cells of the tile from tile_start, this thread's kVectors
 // groups of 4 lanes; lanes at or past tile_lanes are left 0. kVectorRows: the
 // launcher has checked topk_rows_vectorizable, so every group is one
@@ -53,27 +61,26 @@ UKV_DEVICE int32_t tile_lane(int v, int q) {
 template <int kThreads, int kVectors, bool kVectorRows>
 UKV_DEVICE void load_topk_tile(const CsaTranslatePackParams& p, int32_t t, int32_t tile_start, int32_t tile_lanes,
                                int32_t (&cells)[kVectors][4]) {
-  const int32_t* row = p.topk + t * p.topk_row_stride + tile_start * p.topk_col_stride;
-  const bool vector_loads = p.topk_col_stride == 1 && (reinterpret_cast<uintptr_t>(row) & 15) == 0;
+  if constexpr (kVectorRows) {
 #pragma unroll
-  for (int v = 0; v < kVectors; ++v) {
-    const int32_t lane = tile_lane<kThreads>(v, 0);
-    if (kVectorRows) {
+    for (int v = 0; v < kVectors; ++v) {
+      const int32_t lane = tile_lane<kThreads>(v, 0);
       const uint32_t offset = t * static_cast<int32_t>(p.topk_row_stride) + tile_start + lane;
-      const int4 g = lane < tile_lanes ? *reinterpret_cast<const int4*>(p.topk + offset) : make_int4(0, 0, 0, 0);
-      cells[v][0] = g.x;
-      cells[v][1] = g.y;
-      cells[v][2] = g.z;
-      cells[v][3] = g.w;
-    } else if (vector_loads && lane + 4 <= tile_lanes) {
-      const int4 g = *reinterpret_cast<const int4*>(row + lane);
-      cells[v][0] = g.x;
-      cells[v][1] = g.y;
-      cells[v][2] = g.z;
-      cells[v][3] = g.w;
-    } else {
+      unpack_group(lane < tile_lanes ? *reinterpret_cast<const int4*>(p.topk + offset) : make_int4(0, 0, 0, 0),
+                   cells[v]);
+    }
+  } else {
+    const int32_t* row = p.topk + t * p.topk_row_stride + tile_start * p.topk_col_stride;
+    const bool vector_loads = p.topk_col_stride == 1 && (reinterpret_cast<uintptr_t>(row) & 15) == 0;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) cells[v][q] = lane + q < tile_lanes ? row[(lane + q) * p.topk_col_stride] : 0;
+    for (int v = 0; v < kVectors; ++v) {
+      const int32_t lane = tile_lane<kThreads>(v, 0);
+      if (vector_loads && lane + 4 <= tile_lanes) {
+        unpack_group(*reinterpret_cast<const int4*>(row + lane), cells[v]);
+      } else {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) cells[v][q] = lane + q < tile_lanes ? row[(lane + q) * p.topk_col_stride] : 0;
+      }
     }
   }
 }
