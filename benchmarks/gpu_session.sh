@@ -2,7 +2,8 @@
 # Everything this project runs on the GPU machine, in one call (device time is
 # scarce): build from source, then the named stages, each logging to $OUT.
 #   bash benchmarks/gpu_session.sh tests bench demo sanitize tp
-# Stages: tests (pytest -m gpu), bench (bench_kernels.py), host (bench_host_cost.py:
+# Stages: tests (pytest -m gpu), bench (bench_kernels.py), ab (csa_ab.py: the csa kernel variants
+# named in $UKV_AB_VARIANTS, default base, each built with nvcc and timed against the others), host (bench_host_cost.py:
 # where an eager call's host time goes), ncu (every index kernel's GPU time), demo (the demo on
 # CUDA with the captured decode graph), sanitize (compute-sanitizer memcheck +
 # racecheck over the GPU index and manager tests), tp (the tensor-parallel
@@ -35,6 +36,7 @@ for s in "$@"; do
   case $s in
     tests) stage tests python3 -m pytest -q -m gpu tests ;;
     bench) stage bench python3 benchmarks/bench_kernels.py --iters 2000 --out "$OUT/bench.json" ;;
+    ab) stage ab python3 benchmarks/csa_ab.py --variants "${UKV_AB_VARIANTS:-base}" --out "$OUT/ab.json" ;;
     host) stage host python3 benchmarks/bench_host_cost.py ;;
     ncu)  # each index kernel's GPU time without launch overhead, caches warm
       stage ncu ncu --cache-control none --clock-control none --metrics gpu__time_duration.sum \
