@@ -41,15 +41,19 @@ SHAPES = {0: "product", 1: "256x1", 2: "128x2", 3: "64x4", 4: "128x1", 5: "64x1"
 TRIGGER = "  cudaTriggerProgrammaticLaunchCompletion();\n"
 TRANSLATED = "    translate_tile(cells, row_of, rows);\n"
 COMPACT_LOOKUP = "  if (kCompact) return row.table[static_cast<uint32_t>(row.first) + static_cast<uint32_t>(col)];"
-TOPK_GROUP = "unpack_group(lane < tile_lanes ? *reinterpret_cast<const int4*>(p.topk + offset) : make_int4(0, 0, 0, 0),"
+TOPK_LOAD = "*reinterpret_cast<const int4*>(p.topk + offset)"
+TOPK_GROUP = f"unpack_group(lane < tile_lanes ? {TOPK_LOAD} : make_int4(0, 0, 0, 0),"
 GROUP_STORE = "          *reinterpret_cast<int4*>(p.out.data + first + lane) = group;"
+# The compact lookup through __ldg in device code (the host pass keeps the plain read).
+LDG_LOOKUP = (COMPACT_LOOKUP, "#ifdef __CUDA_ARCH__\n" + COMPACT_LOOKUP.replace(
+    "return row.table[static_cast<uint32_t>(row.first) + static_cast<uint32_t>(col)]",
+    "return __ldg(row.table + (static_cast<uint32_t>(row.first) + static_cast<uint32_t>(col)))")
+    + "\n#endif\n" + COMPACT_LOOKUP)
 
 
-def ldg_lookup(intrinsic):
-    return (COMPACT_LOOKUP, "#ifdef __CUDA_ARCH__\n" + COMPACT_LOOKUP.replace(
-        "return row.table[static_cast<uint32_t>(row.first) + static_cast<uint32_t>(col)]",
-        f"return {intrinsic}(row.table + (static_cast<uint32_t>(row.first) + static_cast<uint32_t>(col)))")
-        + "\n#endif\n" + COMPACT_LOOKUP)
+def topk_load_via(intrinsic):
+    """The 16-byte top-k group load through a load intrinsic (__ldg, __ldcs)."""
+    return (TOPK_GROUP, TOPK_GROUP.replace(TOPK_LOAD, f"{intrinsic}(reinterpret_cast<const int4*>(p.topk + offset))"))
 
 
 # name -> {file under csrc: [(old, new), ...]}
@@ -64,10 +68,8 @@ VARIANTS = {
     "no_pdl": {"kernels/compat.h": [("config.numAttrs = current_device_overlaps_launches() ? 1 : 0;",
                                      "config.numAttrs = 0;")]},
     # table lookups through the read-only path (LDG.E.CONSTANT)
-    "ldg_table": {"kernels/index_formulas.h": [ldg_lookup("__ldg")]},
-    "ldg_all": {"kernels/index_formulas.h": [ldg_lookup("__ldg")],
-                "kernels/csa_translate_pack.cuh": [(TOPK_GROUP, TOPK_GROUP.replace(
-                    "*reinterpret_cast<const int4*>(p.topk + offset)", "__ldg(reinterpret_cast<const int4*>(p.topk + offset))"))]},
+    "ldg_table": {"kernels/index_formulas.h": [LDG_LOOKUP]},
+    "ldg_all": {"kernels/index_formulas.h": [LDG_LOOKUP], "kernels/csa_translate_pack.cuh": [topk_load_via("__ldg")]},
     # each thread also loads one cell per 16 bytes of the first kThreads * 4
     # table columns, so the row's lines are requested whole (4 sectors) beside
     # the gathers' single sectors; the value is kept alive by a test that never
@@ -80,8 +82,7 @@ VARIANTS = {
         ("    }\n    return;\n  }\n", "    }\n    if (touch == 0x7eadbeef) p.out.data[0] = 0;\n    return;\n  }\n")]},
     # streaming (evict-first) top-k loads and output stores
     "stream_io": {"kernels/csa_translate_pack.cuh": [
-        (TOPK_GROUP, TOPK_GROUP.replace("*reinterpret_cast<const int4*>(p.topk + offset)",
-                                        "__ldcs(reinterpret_cast<const int4*>(p.topk + offset))")),
+        topk_load_via("__ldcs"),
         (GROUP_STORE, "          __stcs(reinterpret_cast<int4*>(p.out.data + first + lane), group);")]},
 }
 
@@ -131,6 +132,7 @@ def cases(device):
 def caller(lib, d, prefill, out, shape):
     """A no-argument call of the variant's launcher on the current stream."""
     topk, table = d["topk"], d["csa_table"]
+    assert topk.stride(1) == 1 and table.stride(1) == 1 and d["positions"].dtype == torch.int64
     skip = d["prefix_swa_count"] if prefill else None
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else None)
     args = [ptr(topk), ctypes.c_int64(topk.stride(0)), ctypes.c_int32(topk.shape[1]), ctypes.c_int32(topk.shape[0]),
@@ -138,7 +140,6 @@ def caller(lib, d, prefill, out, shape):
             ptr(d["batch_id"]), ptr(skip), ptr(d["csa_indptr"]), ptr(out), ctypes.c_int64(out.numel()),
             ctypes.c_int32(0 if prefill else bk.WINDOW), ctypes.c_int32(bk.CSA_K), ctypes.c_int32(0),
             ctypes.c_int32(shape)]
-    assert topk.stride(1) == 1 and table.stride(1) == 1 and d["positions"].dtype == torch.int64
 
     def run():
         rc = lib.ukv_ab_csa(*args, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
@@ -165,15 +166,15 @@ def main(argv=None):
     shapes_of = lambda label, name: [0] if label.endswith("T=1 ctx 8K") or name != args.shapes_of else list(range(5))
     runners = {}
     for label, (d, prefill) in cases(device).items():
-        expected = bk.buffer(d["csa_indptr"])
-        skip = d["prefix_swa_count"] if prefill else torch.clamp(d["positions"] + 1, max=bk.WINDOW)
-        bk.composite_csa(d, expected, skip)
+        reference = bk.csa_case(label, d, prefill)
+        reference.run_composite()
+        expected = reference.outputs()[1][0]
         for name in names:
             for shape in shapes_of(label, name):
                 out = bk.buffer(d["csa_indptr"])
                 run = caller(libs[name], d, prefill, out, shape)
                 run()
-                if not torch.equal(out[:-1], expected[:-1]):
+                if not torch.equal(out[:-1], expected):
                     raise SystemExit(f"{label}: variant {name}, shape {SHAPES[shape]}: wrong output")
                 runners[(label, name, shape)] = run
     print(f"every output matches the composite ({len(runners)} runs)", flush=True)
