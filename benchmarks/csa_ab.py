@@ -130,7 +130,10 @@ def cases(device):
 
 
 def caller(lib, d, prefill, out, shape):
-    """A no-argument call of the variant's launcher on the current stream."""
+    """A no-argument call of the variant's launcher on the current stream. The
+    launcher gets raw pointers, so the call holds the tensors they point into:
+    without that, the caching allocator hands a finished case's memory to the
+    next case while the call still writes there."""
     topk, table = d["topk"], d["csa_table"]
     assert topk.stride(1) == 1 and table.stride(1) == 1 and d["positions"].dtype == torch.int64
     skip = d["prefix_swa_count"] if prefill else None
@@ -141,7 +144,7 @@ def caller(lib, d, prefill, out, shape):
             ctypes.c_int32(0 if prefill else bk.WINDOW), ctypes.c_int32(bk.CSA_K), ctypes.c_int32(0),
             ctypes.c_int32(shape)]
 
-    def run():
+    def run(_alive=(d, out)):
         rc = lib.ukv_ab_csa(*args, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         if rc != 0:
             raise RuntimeError(f"launch failed: error {rc}")
