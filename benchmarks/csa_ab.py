@@ -44,11 +44,15 @@ COMPACT_LOOKUP = "  if (kCompact) return row.table[static_cast<uint32_t>(row.fir
 TOPK_LOAD = "*reinterpret_cast<const int4*>(p.topk + offset)"
 TOPK_GROUP = f"unpack_group(lane < tile_lanes ? {TOPK_LOAD} : make_int4(0, 0, 0, 0),"
 GROUP_STORE = "          *reinterpret_cast<int4*>(p.out.data + first + lane) = group;"
-# The compact lookup through __ldg in device code (the host pass keeps the plain read).
-LDG_LOOKUP = (COMPACT_LOOKUP, "#ifdef __CUDA_ARCH__\n" + COMPACT_LOOKUP.replace(
-    "return row.table[static_cast<uint32_t>(row.first) + static_cast<uint32_t>(col)]",
-    "return __ldg(row.table + (static_cast<uint32_t>(row.first) + static_cast<uint32_t>(col)))")
-    + "\n#endif\n" + COMPACT_LOOKUP)
+
+
+def table_lookup_via(intrinsic):
+    """The compact table lookup through a load intrinsic (__ldg, __ldcg) in
+    device code; the host pass keeps the plain read."""
+    return (COMPACT_LOOKUP, "#ifdef __CUDA_ARCH__\n" + COMPACT_LOOKUP.replace(
+        "return row.table[static_cast<uint32_t>(row.first) + static_cast<uint32_t>(col)]",
+        f"return {intrinsic}(row.table + (static_cast<uint32_t>(row.first) + static_cast<uint32_t>(col)))")
+        + "\n#endif\n" + COMPACT_LOOKUP)
 
 
 def topk_load_via(intrinsic):
@@ -68,8 +72,12 @@ VARIANTS = {
     "no_pdl": {"kernels/compat.h": [("config.numAttrs = current_device_overlaps_launches() ? 1 : 0;",
                                      "config.numAttrs = 0;")]},
     # table lookups through the read-only path (LDG.E.CONSTANT)
-    "ldg_table": {"kernels/index_formulas.h": [LDG_LOOKUP]},
-    "ldg_all": {"kernels/index_formulas.h": [LDG_LOOKUP], "kernels/csa_translate_pack.cuh": [topk_load_via("__ldg")]},
+    "ldg_table": {"kernels/index_formulas.h": [table_lookup_via("__ldg")]},
+    "ldg_all": {"kernels/index_formulas.h": [table_lookup_via("__ldg")],
+                "kernels/csa_translate_pack.cuh": [topk_load_via("__ldg")]},
+    # table lookups cached in L2 only (LDG.E.STRONG.GPU): no L1 allocation or
+    # tag check per distinct line of a warp's gather
+    "cg_table": {"kernels/index_formulas.h": [table_lookup_via("__ldcg")]},
     # each thread also loads one cell per 16 bytes of the first kThreads * 4
     # table columns, so the row's lines are requested whole (4 sectors) beside
     # the gathers' single sectors; the value is kept alive by a test that never
@@ -80,6 +88,32 @@ VARIANTS = {
          "  const int32_t touch_col = static_cast<int32_t>(threadIdx.x) * 4;\n"
          "  const int32_t touch = touch_col < row.cols ? id_at<kCompact>(row, touch_col) : 0;\n"),
         ("    }\n    return;\n  }\n", "    }\n    if (touch == 0x7eadbeef) p.out.data[0] = 0;\n    return;\n  }\n")]},
+    # the token's first kTile table columns read with coalesced loads into the
+    # tile's shared array (unused on the aligned path) once the batch id is in,
+    # and the lookups below them made there: as many round trips as the global
+    # gathers, but a row's lines requested once rather than by every warp (a
+    # measurement: the aligned path only, columns staged whatever the context)
+    "stage_row": {"kernels/csa_translate_pack.cuh": [(
+        "    int32_t rows[kVectors][4];\n    translate_tile(cells, row_of, rows);\n",
+        "    constexpr int32_t kStagePerThread = kTile / kThreads;\n"
+        "    const int32_t staged_cols = min_i32(row.cols, kTile);\n"
+        "    int32_t loaded[kStagePerThread];\n"
+        "#pragma unroll\n"
+        "    for (int i = 0; i < kStagePerThread; ++i) {\n"
+        "      const int32_t c = i * kThreads + static_cast<int32_t>(threadIdx.x);\n"
+        "      loaded[i] = c < staged_cols ? id_at<kCompact>(row, c) : 0;\n"
+        "    }\n"
+        "#pragma unroll\n"
+        "    for (int i = 0; i < kStagePerThread; ++i) staged[i * kThreads + threadIdx.x] = loaded[i];\n"
+        "    __syncthreads();\n"
+        "    const auto staged_row_of = [&](int32_t entry) {\n"
+        "      const int32_t e = max_i32(min_i32(entry, row.cols * p.rows_per_block.value - 1), 0);\n"
+        "      const int32_t q = quotient(e, p.rows_per_block);\n"
+        "      const uint32_t id = static_cast<uint32_t>(q < kTile ? staged[q] : id_at<kCompact>(row, q));\n"
+        "      return static_cast<int32_t>((id - static_cast<uint32_t>(q)) * static_cast<uint32_t>(p.rows_per_block.value)\n"
+        "                                  + (static_cast<uint32_t>(p.compress_base) + static_cast<uint32_t>(e)));\n"
+        "    };\n"
+        "    int32_t rows[kVectors][4];\n    translate_tile(cells, staged_row_of, rows);\n")]},
     # streaming (evict-first) top-k loads and output stores
     "stream_io": {"kernels/csa_translate_pack.cuh": [
         topk_load_via("__ldcs"),
