@@ -114,6 +114,30 @@ VARIANTS = {
         "                                  + (static_cast<uint32_t>(p.compress_base) + static_cast<uint32_t>(e)));\n"
         "    };\n"
         "    int32_t rows[kVectors][4];\n    translate_tile(cells, staged_row_of, rows);\n")]},
+    # the floor of the decode work at 256x1: a token's top-k, batch id and slice
+    # start loaded in one round trip, its table row gathered in the next, the
+    # rows stored, and nothing else (no skip, valid_k, clamp or bounds; k = 32
+    # as a shift). Correct only for full, in-range decode rows, which every
+    # decode case from T=64 up is; the other cases run the base kernel.
+    "floor": {"kernels/csa_translate_pack.cuh": [(
+        "  gpu::after_prior_kernels();\n  constexpr int32_t kTile",
+        "  gpu::after_prior_kernels();\n"
+        "  if constexpr (kSource != SkipSource::kPerToken && kCompact && kVectorRows && kThreads == 256 &&\n"
+        "                kVectors == 1) {\n"
+        "    const int32_t token = blockIdx.x, lane = static_cast<int32_t>(threadIdx.x) * 4;\n"
+        "    const uint32_t from = static_cast<uint32_t>(token * static_cast<int32_t>(p.topk_row_stride) + lane);\n"
+        "    const int4 g = *reinterpret_cast<const int4*>(p.topk + from);\n"
+        "    const int32_t seq = p.batch_id[token];\n"
+        "    const int32_t first = p.out.indptr[token];\n"
+        "    const uint32_t row = static_cast<uint32_t>(seq * static_cast<int32_t>(p.table.row_stride));\n"
+        "    const auto at = [&](int32_t e) {\n"
+        "      return p.table.data[row + (static_cast<uint32_t>(e) >> 5)] * 32 + (e & 31) + p.compress_base;\n"
+        "    };\n"
+        "    *reinterpret_cast<int4*>(p.out.data + static_cast<uint32_t>(first + lane)) =\n"
+        "        make_int4(at(g.x), at(g.y), at(g.z), at(g.w));\n"
+        "    return;\n"
+        "  }\n"
+        "  constexpr int32_t kTile")]},
     # streaming (evict-first) top-k loads and output stores
     "stream_io": {"kernels/csa_translate_pack.cuh": [
         topk_load_via("__ldcs"),
