@@ -38,7 +38,8 @@ def gpu_backend():
 
 def sources(backend):
     rel = lambda pattern: sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
-    srcs = rel("csrc/*.cpp") + rel("csrc/core/*.cpp") + rel("csrc/ops/*.cpp")
+    srcs = (rel("csrc/*.cpp") + rel("csrc/core/*.cpp") + rel("csrc/ops/*.cpp") + rel("csrc/classes/*.cpp")
+            + rel("csrc/python/*.cpp"))
     if backend is not None:
         srcs += rel("csrc/kernels/*.cu") + rel("csrc/ops/*.cu")
     return srcs

@@ -3,8 +3,8 @@
 // TORCH_LIBRARY_IMPL(ukv, CPU|CUDA, m) next to their code in csrc/ops/.
 #include <torch/library.h>
 
-#include "ops/allocator_classes.h"
-#include "ops/kv_manager_class.h"
+#include "classes/allocator_classes.h"
+#include "classes/kv_manager_class.h"
 #include "ops/sizing_ops.h"
 
 using ukv::ops::CoordinatorHolder;

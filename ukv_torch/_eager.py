@@ -2,7 +2,7 @@
 
 In eager mode the call goes through ``_C.eager_call``, which builds the
 dispatcher stack straight from the positional arguments and makes the same
-boxed dispatcher call as ``torch.ops`` (see csrc/eager_calls.cpp): the host cost
+boxed dispatcher call as ``torch.ops`` (see csrc/python/eager_calls.cpp): the host cost
 of a call drops by about 2-3 us, which is most of it for a decode-sized op.
 Under ``torch.compile`` (Dynamo folds ``is_dynamo_compiling()`` to True), and whenever
 ``eager_call`` declines (tensor subclasses, TorchFunctionModes, arguments the

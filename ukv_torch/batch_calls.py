@@ -3,7 +3,7 @@ or `Coordinator` at a fraction of a torchbind call's cost.
 
 A torchbind method call from Python costs ~1.6 us whatever it does, 5x the
 allocator's own work for a 16-block batch. BatchCalls holds the C++ object
-directly (csrc/batch_calls.cpp) and calls its batch methods through the C
+directly (csrc/python/batch_calls.cpp) and calls its batch methods through the C
 API, with the same signatures, validation, all-or-nothing behaviour, errors
 and locking as the torchbind methods:
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/kv_manager.h"
-#include "ops/table_stager.h"
+#include "classes/table_stager.h"
 
 namespace ukv::ops {
 

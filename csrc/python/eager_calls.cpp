@@ -23,7 +23,7 @@
 #include <optional>
 #include <string>
 
-#include "eager_calls.h"
+#include "python/eager_calls.h"
 
 namespace ukv::python {
 namespace {

@@ -1,10 +1,10 @@
-#include "ops/kv_manager_class.h"
+#include "classes/kv_manager_class.h"
 
 #include <functional>
 #include <map>
 
 #include "ops/core_errors.h"
-#include "ops/tensor_args.h"
+#include "classes/tensor_args.h"
 
 namespace ukv::ops {
 namespace {

@@ -13,9 +13,9 @@
 #include <cstring>
 #include <string>
 
-#include "batch_calls.h"
-#include "ops/allocator_classes.h"
-#include "ops/tensor_args.h"
+#include "python/batch_calls.h"
+#include "classes/allocator_classes.h"
+#include "classes/tensor_args.h"
 
 namespace ukv::python {
 namespace {

@@ -1,4 +1,4 @@
-#include "ops/allocator_classes.h"
+#include "classes/allocator_classes.h"
 
 #include <ATen/ATen.h>
 
@@ -6,7 +6,7 @@
 #include <cctype>
 
 #include "ops/core_errors.h"
-#include "ops/tensor_args.h"
+#include "classes/tensor_args.h"
 
 namespace ukv::ops {
 namespace {

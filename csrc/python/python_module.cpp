@@ -7,8 +7,8 @@
 
 #include <vector>
 
-#include "batch_calls.h"
-#include "eager_calls.h"
+#include "python/batch_calls.h"
+#include "python/eager_calls.h"
 
 namespace {
 

@@ -52,7 +52,7 @@ class TypePoolHolder : public torch::CustomClassHolder {
   void free_compress_many(const at::Tensor& ids);
 
   // The batch methods on raw ids, for the tensor methods above and the CPython
-  // fast path (csrc/batch_calls.cpp). A pool has one compress type: type 0.
+  // fast path (csrc/python/batch_calls.cpp). A pool has one compress type: type 0.
   std::vector<int64_t> alloc_n(BatchRole role, int64_t type, int64_t n);
   void alloc_into(BatchRole role, int64_t type, int64_t n, int64_t* out);
   void free_many(BatchRole role, int64_t type, const int64_t* ids, int64_t n);

@@ -1,4 +1,4 @@
-#include "ops/table_stager.h"
+#include "classes/table_stager.h"
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
