@@ -50,7 +50,8 @@ gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream)
 
 }  // namespace
 
-// Tile shapes measured on an H200 (benchmarks/RESULTS.md, launch sweeps): a
+// Tile shapes from launch sweeps on an H200 (figures here; the 64 x 4 / 128 x 2
+// comparison is also in benchmarks/RESULTS.md, "Tried, not kept"): a
 // single token spreads its row over four 64-thread blocks; up to 2048 tokens a
 // block of 256 threads takes a whole row (the shortest path per thread:
 // 1.92 us against 2.04 for 128 x 2 at T = 512, 4.04 against 4.52 at 2048);
