@@ -50,14 +50,16 @@ gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream)
 
 }  // namespace
 
-// Tile shapes measured on an H200 (benchmarks/RESULTS.md, launch sweeps): a
+// Tile shapes from launch sweeps on an H200 (figures here; the 64 x 4 / 128 x 2
+// comparison is also in benchmarks/RESULTS.md, "Tried, not kept"): a
 // single token spreads its row over four 64-thread blocks; up to 2048 tokens a
 // block of 256 threads takes a whole row (the shortest path per thread:
 // 1.92 us against 2.04 for 128 x 2 at T = 512, 4.04 against 4.52 at 2048);
-// beyond, 128 threads of 8 cells each, chosen when they kept more bytes in
-// flight per multiprocessor (17.9 us against 18.5 for 256 x 1 at 8192, before
-// the 32-bit top-k offsets; with them one sweep gave 19.1 against 18.7 and
-// 18.3 for 64 x 4, a choice to re-measure: RESULTS.md, eighth session).
+// beyond, 128 threads of 8 cells each, which keep more bytes in flight per
+// multiprocessor: the fastest shape at 4096 (6.73 us against 7.13 for 256 x 1
+// and 7.44 for 64 x 4). At 8192, 64 x 4 is about 3% faster (18.4 against
+// 19.0); where the two cross between 4096 and 8192 is not measured, so one
+// threshold serves both.
 gpu::Error launch_csa_translate_pack(const CsaTranslatePackParams& p, gpu::Stream stream) {
   if (p.num_tokens == 0 || p.topk_width == 0) return gpu::kSuccess;
   if (p.num_tokens == 1) return launch_csa_tiles<64, 1>(p, stream);

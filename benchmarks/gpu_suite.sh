@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Everything this project runs on the GPU machine, in one call (device time is
-# scarce): build from source, then the named stages, each logging to $OUT.
-#   bash benchmarks/gpu_session.sh tests bench demo sanitize tp
-# Stages: tests (pytest -m gpu), bench (bench_kernels.py), ab (csa_ab.py: the csa kernel variants
-# named in $UKV_AB_VARIANTS, default base, each built with nvcc and timed against the others), host (bench_host_cost.py:
+# The GPU suite, for a CUDA host: build the extension from source, then run the
+# named stages in order, each logging to $OUT/<stage>.log, with a one-line
+# result per stage in $OUT/summary.txt. A failed stage is recorded and the next
+# one still runs; the exit status is non-zero if any stage failed.
+#   OUT=build/gpu-suite bash benchmarks/gpu_suite.sh tests bench demo sanitize tp
+# Stages: tests (pytest -m gpu), bench (bench_kernels.py), host (bench_host_cost.py:
 # where an eager call's host time goes), ncu (every index kernel's GPU time), demo (the demo on
 # CUDA with the captured decode graph), sanitize (compute-sanitizer memcheck +
 # racecheck over the GPU index and manager tests), tp (the tensor-parallel
 # consistency run under torchrun on every visible GPU).
 set -uo pipefail
-OUT=${OUT:-build/gpu-session}
+OUT=${OUT:-build/gpu-suite}
 mkdir -p "$OUT"
 # NVLink multicast stays off for every stage (the GPU tests start NCCL too): on a
 # shared host it can take the GPUs out of service.
@@ -36,7 +37,6 @@ for s in "$@"; do
   case $s in
     tests) stage tests python3 -m pytest -q -m gpu tests ;;
     bench) stage bench python3 benchmarks/bench_kernels.py --iters 2000 --out "$OUT/bench.json" ;;
-    ab) stage ab python3 benchmarks/csa_ab.py --variants "${UKV_AB_VARIANTS:-base}" --out "$OUT/ab.json" ;;
     host) stage host python3 benchmarks/bench_host_cost.py ;;
     ncu)  # each index kernel's GPU time without launch overhead, caches warm
       stage ncu ncu --cache-control none --clock-control none --metrics gpu__time_duration.sum \
