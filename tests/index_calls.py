@@ -5,7 +5,7 @@ import random
 
 import torch
 
-import index_reference as ref
+from ukv_torch.testing import index_reference as ref
 from index_cases import make_decode_step, make_prefill_step
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ukv_torch
-import index_reference as ref
+from ukv_torch.testing import index_reference as ref
 
 HAS_GPU = torch.cuda.is_available() and ukv_torch.BACKEND != "cpu"
 gpu_only = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA/HIP device and a GPU build")]

@@ -8,7 +8,7 @@ buffers, then csa_translate_pack fills the CSA heads with skip = prefix count.
 """
 import torch
 
-import index_reference as ref
+from ukv_torch.testing import index_reference as ref
 import ukv_torch
 from index_cases import SENTINEL, SLACK, reference_buffer
 

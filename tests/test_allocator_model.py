@@ -2,7 +2,7 @@
 
 Random operations, valid and invalid, on every method of both torch classes
 (batch methods with duplicate, foreign and out-of-range ids and badly typed
-tensors included) run call for call against tests/allocator_model.py. After
+tensors included) run call for call against ukv_torch/testing/allocator_model.py. After
 every operation:
 
   * the torch object and the model return the same ids and answers, or refuse
@@ -34,7 +34,7 @@ import torch
 
 from copies import COPY_WAYS, copy_by
 from ukv_torch import OutOfSlots, UnifiedKvCoordinator
-from allocator_model import (
+from ukv_torch.testing.allocator_model import (
     COMPRESS,
     FREE,
     RESERVED,

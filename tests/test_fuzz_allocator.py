@@ -1,6 +1,6 @@
 """Property-based fuzzing of the allocator: the torch classes TypePool and
 Coordinator, the drop-ins UnifiedTypePool and UnifiedKvCoordinator, and the
-sizing functions, against the pure-Python model (allocator_model.py) and the
+sizing functions, against the pure-Python model (ukv_torch/testing/allocator_model.py) and the
 SPEC.md sizing formulas.
 
   * Constructors with sizes around the int32 row limit, pools of 0 and 1
@@ -24,7 +24,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import ukv_torch
-from allocator_model import (MAX_ROWS, CoordinatorModel, InvalidArgument, PoolModel, reference_layer_rows,
+from ukv_torch.testing.allocator_model import (MAX_ROWS, CoordinatorModel, InvalidArgument, PoolModel, reference_layer_rows,
                              reference_type_slots)
 from fuzz_support import ID_LAYOUTS, fuzz_settings, in_layout
 from test_allocator_model import assert_same_outcome, model_outcome, torch_outcome

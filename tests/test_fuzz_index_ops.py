@@ -5,7 +5,7 @@ whose guard cells must stay untouched, whatever the inputs.
   * Random decode and prefill steps (sequence counts, contexts, chunk and
     MTP lengths, padding, windows, block sizes, top-k widths, both layouts,
     int32/int64 positions, strided tables, zero-token batches) give exactly the
-    per-token reference of index_reference.py.
+    per-token reference of ukv_torch/testing/index_reference.py.
   * One argument of one op is then changed: a wrong dtype, rank, device
     (meta) or a non-contiguous vector is refused with an error naming the op
     and the argument; a table in another memory layout gives the same result
@@ -25,7 +25,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import ukv_torch
-from allocator_model import reference_layer_rows
+from ukv_torch.testing.allocator_model import reference_layer_rows
 from fuzz_support import GuardedOutputs, fuzz_settings
 from index_calls import call, op_label, valid_calls
 from index_cases import DEVICES, INT32_MAX, INT32_MIN, make_decode_step, make_prefill_step

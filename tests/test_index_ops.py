@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import index_reference as ref
+from ukv_torch.testing import index_reference as ref
 import ukv_torch
 from index_cases import (DEVICES, SENTINEL, gpu_only, make_decode_step, make_prefill_step, output_buffer,
                          reference_buffer)

@@ -195,7 +195,7 @@ def cached_prompt_beside_free_blocks():
     """10 physical blocks (8 shared slots + 2 own) and 10 logical blocks; a
     4-block prompt computed and freed: the free list is never-used 4..9, then
     its blocks last-first (3, 2, 1, 0), each cached and holding its binding."""
-    from kv_manager_model import block_hash
+    from ukv_torch.testing.kv_manager_model import block_hash
     m = elastic(num_logical_blocks=10, borrow_unreleased_swa=True)
     a = tokens(4 * BS, 1)
     m.allocate(1, a)
@@ -231,7 +231,7 @@ def test_fresh_blocks_bind_own_room_first_and_cached_ones_stand_in_for_the_rest(
 
 
 def test_a_fresh_request_takes_the_coldest_cached_bindings_when_compress_is_full():
-    from kv_manager_model import as_int64
+    from ukv_torch.testing.kv_manager_model import as_int64
     m, a_phys, h = cached_prompt_beside_free_blocks()
     # 5 blocks and an SWA quota of 4: 9 of the 10 physical blocks. The longest-
     # free blocks 4..8 have no binding and the own region is full, so every
@@ -446,7 +446,7 @@ def test_pickle_round_trip_continues_identically(unified, copy_with):
 
 # ------------------------------------------------------------- events, stats --
 def test_kv_events_chain_parents_and_report_removal_and_clearing():
-    from kv_manager_model import as_int64, block_hash
+    from ukv_torch.testing.kv_manager_model import as_int64, block_hash
     m = manager(True, num_logical_blocks=4, num_swa_blocks=8)
     t = tokens(3 * BS, 1)
     m.allocate(1, t + [5])

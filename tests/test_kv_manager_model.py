@@ -1,7 +1,7 @@
 """Model-based randomized tests of whole serving runs through ukv_torch.KvManager.
 
 A small engine drives the C++ manager and the pure-Python model
-(kv_manager_model.py) with the same calls: admission with prefix reuse
+(ukv_torch/testing/kv_manager_model.py) with the same calls: admission with prefix reuse
 (shared system prompts, repeats, multi-turn re-admission of prompt +
 generated tokens), chunked prefill with random chunk sizes, decode with
 speculative tokens and random accepted counts, preemption when can_append
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import ukv_torch
-from kv_manager_model import KvManagerModel
+from ukv_torch.testing.kv_manager_model import KvManagerModel
 
 
 def prefix_keys(tokens, upto, keys):

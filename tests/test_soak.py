@@ -1,7 +1,7 @@
 """The soak's short CI version: a few hundred thousand allocator operations
-of tests/allocator_soak.py (benchmarks/soak.py runs 10M+), with sampled
+of ukv_torch/testing/allocator_soak.py (benchmarks/soak.py runs 10M+), with sampled
 invariant checks, every row free at the end and no RSS growth."""
-from allocator_soak import run_soak
+from ukv_torch.testing.allocator_soak import run_soak
 
 RSS_SLACK = 2 << 20  # malloc noise; leaking 8 bytes per operation would add 2.3 MiB
 

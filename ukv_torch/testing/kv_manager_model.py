@@ -1,5 +1,8 @@
 """A plain pure-Python model of the KV manager (torch.classes.ukv.KvManager).
 
+Needs xxhash (`pip install xxhash`) for the block hashes; it is imported
+where a hash is computed, so importing the module does not need it.
+
 Written from SPEC.md §1.3-§1.6 and the fixes in ARCHITECTURE.md, plus the
 rules the C++ header documents, without looking at how the C++ computes them:
 
@@ -34,13 +37,13 @@ from __future__ import annotations
 import struct
 from typing import Dict, List, Optional, Sequence
 
-import xxhash
-
 STORED, REMOVED, ALL_CLEARED = 0, 1, 2
 
 
 def block_hash(tokens: Sequence[int], parent: Optional[int]) -> int:
     """h_i = xxh64(parent as 8-byte LE (absent for block 0) + tokens as int64 LE)."""
+    import xxhash
+
     data = b"" if parent is None else struct.pack("<Q", parent)
     return xxhash.xxh64_intdigest(data + struct.pack(f"<{len(tokens)}q", *tokens))
 

@@ -1,6 +1,6 @@
 """A randomized serving run on one torch.classes.ukv.Coordinator through its
 batch APIs, for the soak (benchmarks/soak.py: 10M+ operations) and its short
-CI version (test_soak.py).
+CI version (tests/integration/test_soak.py).
 
 Sequences are admitted with a prefill of several blocks (SWA window blocks
 and one compress block per type per logical block, after a joint admission
