@@ -5,7 +5,6 @@ and the registered fake classes let a module holding the objects be traced."""
 import copy
 import json
 import os
-import random
 import subprocess
 import sys
 
@@ -14,43 +13,13 @@ import torch
 from torch._library.fake_class_registry import find_fake_class, has_fake_class, maybe_to_fake_obj
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from copies import COPY_WAYS, copy_by
+import support
+import ukv_torch
+from support.churn import churn
+from support.copies import COPY_WAYS, copy_by
 from ukv_torch import UnifiedKvCoordinator, UnifiedTypePool
 
 QUALNAMES = {"TypePool": "__torch__.torch.classes.ukv.TypePool", "Coordinator": "__torch__.torch.classes.ukv.Coordinator"}
-
-
-def churn(obj, seed, steps):
-    """A fixed pseudo-random sequence of allocations and frees on any of the
-    four front ends; returns what every call returned (or that it refused)."""
-    rng = random.Random(seed)
-    held, log = [], []
-    for _ in range(steps):
-        if held and rng.random() < 0.45:
-            free, ident = held.pop(rng.randrange(len(held)))
-            free(ident)
-            continue
-        alloc, free = rng.choice(roles(obj))
-        try:
-            ident = alloc()
-        except RuntimeError as exc:
-            log.append(str(exc))
-            continue
-        held.append((free, ident))
-        log.append(ident)
-    return log
-
-
-def roles(obj):
-    """(allocate, free) pairs of each role a front end offers."""
-    if isinstance(obj, UnifiedKvCoordinator):
-        return [(obj.alloc_swa, obj.free_swa), (obj.alloc_csa, obj.free_csa), (obj.alloc_hca, obj.free_hca)]
-    if isinstance(obj, UnifiedTypePool):
-        return [(obj.alloc_swa, obj.free_swa), (obj.alloc_compress, obj.free_compress)]
-    if hasattr(obj, "num_types"):  # torch Coordinator
-        return [(obj.alloc_swa, obj.free_swa)] + [
-            (lambda t=t: obj.alloc_compress(t), lambda p, t=t: obj.free_compress(t, p)) for t in range(obj.num_types())]
-    return [(obj.alloc_swa, obj.free_swa), (obj.alloc_compress, obj.free_compress)]
 
 
 def state_of(obj):
@@ -126,15 +95,16 @@ def test_two_instances_given_the_same_calls_give_the_same_ids():
 def test_another_process_gives_the_same_ids():
     script = (
         "import json, sys, torch, ukv_torch\n"
-        "sys.path.insert(0, sys.argv[1])\n"
-        "from test_allocator_persistence import churn\n"
+        "from support.churn import churn\n"
         "c = torch.classes.ukv.Coordinator(64, [32, 1], [80, 66], 128)\n"
         "print(json.dumps([churn(c, seed=7, steps=3000), c.__getstate__()[0]]))\n"
     )
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    # The child imports the ukv_torch this process imported, and the support package.
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(ukv_torch.__file__)))
+    tests_root = os.path.dirname(os.path.dirname(os.path.abspath(support.__file__)))
     env = dict(os.environ, PYTHONHASHSEED="12345")  # hash order differs from this process's
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(tests_dir), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-c", script, tests_dir], env=env, capture_output=True, text=True,
+    env["PYTHONPATH"] = os.pathsep.join([package_root, tests_root, env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                          check=True).stdout
     here = torch.classes.ukv.Coordinator(64, [32, 1], [80, 66], 128)
     assert json.loads(out) == [churn(here, seed=7, steps=3000), here.__getstate__()[0]]

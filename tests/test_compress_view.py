@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import ukv_torch
-from index_cases import DEVICES
+from support.index_cases import DEVICES
 
 NUM_SWA_BLOCKS, NB, BS = 3, 10, 128
 

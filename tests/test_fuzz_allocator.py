@@ -24,10 +24,10 @@ import torch
 from hypothesis import given, strategies as st
 
 import ukv_torch
-from ukv_torch.testing.allocator_model import (MAX_ROWS, CoordinatorModel, InvalidArgument, PoolModel, reference_layer_rows,
-                             reference_type_slots)
-from fuzz_support import ID_LAYOUTS, fuzz_settings, in_layout
-from test_allocator_model import assert_same_outcome, model_outcome, torch_outcome
+from support.fuzz_support import ID_LAYOUTS, fuzz_settings, in_layout
+from support.outcomes import assert_same_outcome, model_outcome, torch_outcome
+from ukv_torch.testing.allocator_model import (MAX_ROWS, CoordinatorModel, InvalidArgument, PoolModel,
+                                               reference_layer_rows, reference_type_slots)
 
 INT64_EXTREMES = [2**63 - 1, -(2**63)]
 BLOCK_SIZES = [-1, 0, 1, 4, 16, 128, 256, 2**16, 2**20, 2**31, 2**40]

@@ -25,8 +25,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from fuzz_support import ACCEPTED_ID_LAYOUTS, ACCEPTED_TOKEN_LAYOUTS, ID_LAYOUTS, fuzz_settings, in_layout
-from test_kv_manager_model import CONFIGS, Serving
+from support.fuzz_support import ACCEPTED_ID_LAYOUTS, ACCEPTED_TOKEN_LAYOUTS, ID_LAYOUTS, fuzz_settings, in_layout
+from support.serving import CONFIGS, Serving, config
 from ukv_torch import KvManager
 
 UNKNOWN_IDS = [-1, 10**6, 2**63 - 1, -(2**63)]
@@ -331,7 +331,6 @@ def test_pools_of_zero_one_and_two_blocks_refuse_what_does_not_fit_and_keep_ever
     """Admission says -1 to what cannot fit (everything, with no logical
     block), what it admits runs to the end exactly like the model, and
     nothing leaks (Serving.run checks all three)."""
-    from test_kv_manager_model import config
     cfg = config(unified, num_logical_blocks=num_logical_blocks, num_swa_blocks=num_swa_blocks, max_blocks_per_seq=4)
     admitted = 0
     for seed in range(3):

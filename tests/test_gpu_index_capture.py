@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import ukv_torch
-from index_cases import HAS_GPU, SENTINEL, make_decode_step, make_prefill_step
-from index_steps import PREFILL_BUFFERS, reference_decode, reference_prefill
+from support.index_cases import HAS_GPU, SENTINEL, make_decode_step, make_prefill_step
+from support.index_steps import PREFILL_BUFFERS, reference_decode, reference_prefill
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA/HIP device and a GPU build")]
 

@@ -4,8 +4,8 @@ Each case starts from a valid call (checked to succeed) and breaks one thing."""
 import pytest
 import torch
 
-from index_calls import call, op_label, valid_calls
-from index_cases import DEVICES, HAS_GPU
+from support.index_calls import call, op_label, valid_calls
+from support.index_cases import DEVICES, HAS_GPU
 
 
 # Arguments whose size defines a count the others are checked against (the

@@ -3,8 +3,8 @@ declared), fake kernels, autograd registration and AOT dispatch."""
 import pytest
 import torch
 
-from index_cases import DEVICES
-from index_calls import op_of, valid_calls
+from support.index_cases import DEVICES
+from support.index_calls import op_of, valid_calls
 
 CALLS = list(valid_calls("cpu"))
 

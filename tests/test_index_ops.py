@@ -10,7 +10,7 @@ import torch
 
 from ukv_torch.testing import index_reference as ref
 import ukv_torch
-from index_cases import (DEVICES, SENTINEL, gpu_only, make_decode_step, make_prefill_step, output_buffer,
+from support.index_cases import (DEVICES, SENTINEL, gpu_only, make_decode_step, make_prefill_step, output_buffer,
                          reference_buffer)
 
 
@@ -127,7 +127,7 @@ def test_prefill_long_chunk_at_long_prefix(device):
     """A chunk late in a long context: long HCA runs after the SWA prefix head."""
     rng = random.Random(5)
     step = make_prefill_step(rng, prefixes=[20000, 0], chunk_lens=[300, 130], index_topk=64, unified=False)
-    from index_steps import op_prefill, reference_prefill
+    from support.index_steps import op_prefill, reference_prefill
     assert op_prefill(step, device, strided_tables=True) == reference_prefill(step)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from ukv_torch.testing import index_reference as ref
 import ukv_torch
-from index_cases import DEVICES, SENTINEL, make_decode_step, make_prefill_step
+from support.index_cases import DEVICES, SENTINEL, make_decode_step, make_prefill_step
 
 T0 = 2
 GUARD = 16

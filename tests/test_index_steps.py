@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from index_cases import DEVICES, SENTINEL, SLACK, make_decode_step, make_prefill_step
-from index_steps import PREFILL_BUFFERS, op_decode, op_prefill, reference_decode, reference_prefill
+from support.index_cases import DEVICES, SENTINEL, SLACK, make_decode_step, make_prefill_step
+from support.index_steps import PREFILL_BUFFERS, op_decode, op_prefill, reference_decode, reference_prefill
 
 
 def assert_every_reserved_cell_written(result, buffers):

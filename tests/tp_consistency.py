@@ -45,7 +45,7 @@ from ukv_torch.demo.workload import synthetic
 from ukv_torch.distributed import (TablesDiverged, broadcast_tables, check_tables_replicated, first_divergence,
                                    tables_buffer)
 from ukv_torch.planning import plan_kv_layout
-from tp_decode_step import DecodeStep, Layout, draw_decode_rows
+from support.tp_decode_step import DecodeStep, Layout, draw_decode_rows
 
 SCHEDULER = 0  # the rank that runs the manager in pattern (b)
 BLOCK, WINDOW = 128, 128  # the demo server's block size and sliding window

@@ -17,8 +17,8 @@ import torch
 
 import ukv_torch
 from ukv_torch.demo.captured_decode import capture
-from index_cases import SENTINEL, Step
-from index_steps import reference_decode
+from support.index_cases import SENTINEL, Step
+from support.index_steps import reference_decode
 
 GARBAGE = 1 << 30  # unused top-k lanes hold this; the ops must not read them
 HEADER = ("stop", "step", "rows", "decode_tokens")

@@ -6,7 +6,7 @@ import random
 import torch
 
 from ukv_torch.testing import index_reference as ref
-from index_cases import make_decode_step, make_prefill_step
+from support.index_cases import make_decode_step, make_prefill_step
 
 
 def i32(values, device):

@@ -10,7 +10,7 @@ import torch
 
 from ukv_torch.testing import index_reference as ref
 import ukv_torch
-from index_cases import SENTINEL, SLACK, reference_buffer
+from support.index_cases import SENTINEL, SLACK, reference_buffer
 
 
 def fresh_buffers(device):
