@@ -1,7 +1,8 @@
 """The decode step a tensor-parallel rank runs from staged tables, for
-tp_consistency.py: persistent inputs and outputs (so a CUDA graph can replay
-it), the one message the scheduler rank sends per step, and the per-token
-Python reference (ukv_torch/testing/index_reference.py via index_steps.py).
+tests/integration/tp_consistency.py: persistent inputs and outputs (so a CUDA
+graph can replay it), the one message the scheduler rank sends per step, and
+the per-token Python reference (ukv_torch/testing/index_reference.py via
+index_steps.py).
 
 The outputs live in one flat int32 buffer, [swa_indptr, csa_indptr,
 hca_indptr, swa, csa, hca], each slice sized for the largest step, so one

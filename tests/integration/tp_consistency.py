@@ -1,6 +1,6 @@
 """Tensor-parallel consistency of the staged KV tables, on any number of ranks.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=N tests/tp_consistency.py [options]
+    python -m torch.distributed.run --standalone --nproc_per_node=N tests/integration/tp_consistency.py [options]
 
 NCCL with one GPU per rank (LOCAL_RANK) when CUDA is available, gloo on CPU
 otherwise. The demo's serving loop (ukv_torch/demo/server.py: admission,
@@ -45,7 +45,10 @@ from ukv_torch.demo.workload import synthetic
 from ukv_torch.distributed import (TablesDiverged, broadcast_tables, check_tables_replicated, first_divergence,
                                    tables_buffer)
 from ukv_torch.planning import plan_kv_layout
-from support.tp_decode_step import DecodeStep, Layout, draw_decode_rows
+
+# Run as a script, sys.path[0] is this file's folder; the support package is in tests/, one up.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.tp_decode_step import DecodeStep, Layout, draw_decode_rows  # noqa: E402
 
 SCHEDULER = 0  # the rank that runs the manager in pattern (b)
 BLOCK, WINDOW = 128, 128  # the demo server's block size and sliding window

@@ -1,6 +1,6 @@
-"""tests/tp_consistency.py under torchrun: both tensor-parallel patterns agree
-on 1 and 2 CPU ranks (gloo), on every GPU with NCCL, and a perturbed table on
-one rank fails the run with the perturbed entry named."""
+"""tp_consistency.py (next to this file) under torchrun: both tensor-parallel
+patterns agree on 1 and 2 CPU ranks (gloo), on every GPU with NCCL, and a
+perturbed table on one rank fails the run with the perturbed entry named."""
 import json
 import os
 import re

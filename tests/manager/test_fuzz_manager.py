@@ -1,8 +1,8 @@
 """Property-based fuzzing of every KvManager method, and its exception safety.
 
 Each case starts from a serving run of the model-based test (Serving of
-test_kv_manager_model.py: the C++ manager and the pure-Python model driven in
-lock step, some sequences prefilling, some decoding, tables staged), then
+support/serving.py: the C++ manager and the pure-Python model driven in lock
+step, some sequences prefilling, some decoding, tables staged), then
 makes random calls of any method, on the torch class or through the Python
 wrapper, with arguments of every kind: live, unknown, repeated and extreme
 sequence ids; counts around each sequence's remaining tokens; token ids out of
