@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import ukv_torch
-from support.index_cases import DEVICES
+from support.devices import DEVICES
 
 NUM_SWA_BLOCKS, NB, BS = 3, 10, 128
 

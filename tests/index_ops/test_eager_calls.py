@@ -8,7 +8,7 @@ from torch.overrides import TorchFunctionMode
 
 from ukv_torch import _C
 from ukv_torch._eager import EagerOp
-from support.index_cases import DEVICES
+from support.devices import DEVICES
 from support.index_calls import op_label, op_of, valid_calls
 
 CALLS = list(valid_calls("cpu"))

@@ -25,11 +25,12 @@ import torch
 from hypothesis import given, strategies as st
 
 import ukv_torch
-from ukv_torch.testing.allocator_model import reference_layer_rows
+from support.devices import DEVICES
 from support.fuzz_support import GuardedOutputs, fuzz_settings
 from support.index_calls import call, op_label, valid_calls
-from support.index_cases import DEVICES, INT32_MAX, INT32_MIN, make_decode_step, make_prefill_step
+from support.index_cases import INT32_MAX, INT32_MIN, make_decode_step, make_prefill_step
 from support.index_steps import op_decode, op_prefill, reference_decode, reference_prefill
+from ukv_torch.testing.allocator_model import reference_layer_rows
 
 STEP_SHAPES = dict(window=st.sampled_from([1, 3, 64, 128, 200]), block_size=st.sampled_from([128, 256, 384]),
                    index_topk=st.sampled_from([1, 4, 64]), unified=st.booleans(),

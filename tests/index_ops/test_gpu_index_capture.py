@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import ukv_torch
-from support.index_cases import HAS_GPU, SENTINEL, make_decode_step, make_prefill_step
+from support.index_cases import SENTINEL, make_decode_step, make_prefill_step
 from support.index_steps import PREFILL_BUFFERS, reference_decode, reference_prefill
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA/HIP device and a GPU build")]
+pytestmark = pytest.mark.gpu
 
 NUM_SEQS, TABLE_COLS, WINDOW, TOPK = 6, 40, 128, 256
 DECODE_TOKENS = NUM_SEQS + 3

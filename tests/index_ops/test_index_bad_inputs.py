@@ -4,8 +4,8 @@ Each case starts from a valid call (checked to succeed) and breaks one thing."""
 import pytest
 import torch
 
+from support.devices import DEVICES
 from support.index_calls import call, op_label, valid_calls
-from support.index_cases import DEVICES, HAS_GPU
 
 
 # Arguments whose size defines a count the others are checked against (the
@@ -114,7 +114,6 @@ def test_table_too_wide_for_int32_entries():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA/HIP device and a GPU build")
 def test_argument_on_the_wrong_device():
     for call_name, (tensors, scalars) in valid_calls("cuda").items():
         for name, t in tensors.items():

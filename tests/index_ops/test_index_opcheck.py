@@ -3,7 +3,7 @@ declared), fake kernels, autograd registration and AOT dispatch."""
 import pytest
 import torch
 
-from support.index_cases import DEVICES
+from support.devices import DEVICES
 from support.index_calls import op_of, valid_calls
 
 CALLS = list(valid_calls("cpu"))

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ukv_torch.testing import index_reference as ref
 import ukv_torch
-from support.index_cases import (DEVICES, SENTINEL, gpu_only, make_decode_step, make_prefill_step, output_buffer,
-                         reference_buffer)
+from support.devices import DEVICES
+from support.index_cases import SENTINEL, make_decode_step, make_prefill_step, output_buffer, reference_buffer
+from ukv_torch.testing import index_reference as ref
 
 
 def unaligned_output(length, offset, device):
@@ -198,7 +198,7 @@ def run_metadata(x, device, prefill):
     return [p.cpu() for p in ptrs]
 
 
-@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu_only)])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("prefill", [False, True], ids=["decode", "prefill"])
 @pytest.mark.parametrize("num_tokens", METADATA_SIZES)
 @pytest.mark.parametrize("positions_dtype", [torch.int64, torch.int32])

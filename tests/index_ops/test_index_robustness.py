@@ -8,9 +8,10 @@ import random
 import pytest
 import torch
 
-from ukv_torch.testing import index_reference as ref
 import ukv_torch
-from support.index_cases import DEVICES, SENTINEL, make_decode_step, make_prefill_step
+from support.devices import DEVICES
+from support.index_cases import SENTINEL, make_decode_step, make_prefill_step
+from ukv_torch.testing import index_reference as ref
 
 T0 = 2
 GUARD = 16

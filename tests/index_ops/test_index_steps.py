@@ -6,7 +6,8 @@ import random
 import pytest
 import torch
 
-from support.index_cases import DEVICES, SENTINEL, SLACK, make_decode_step, make_prefill_step
+from support.devices import DEVICES
+from support.index_cases import SENTINEL, SLACK, make_decode_step, make_prefill_step
 from support.index_steps import PREFILL_BUFFERS, op_decode, op_prefill, reference_decode, reference_prefill
 
 

@@ -14,7 +14,6 @@ import torch
 import ukv_torch
 
 PROGRAM = Path(__file__).with_name("tp_consistency.py")
-HAS_GPU = torch.cuda.is_available() and ukv_torch.BACKEND != "cpu"
 
 
 def torchrun(nproc, *args, gpu=False):
@@ -70,7 +69,6 @@ def test_a_perturbed_table_on_one_rank_fails_the_run(nproc, pattern, detected_by
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device and a GPU build")
 def test_every_gpu_rank_agrees_and_replays_the_captured_step():
     world = torch.cuda.device_count()
     proc, summary = torchrun(world, "--steps", "300", gpu=True)
@@ -79,7 +77,6 @@ def test_every_gpu_rank_agrees_and_replays_the_captured_step():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device and a GPU build")
 def test_a_perturbed_table_fails_the_gpu_run():
     proc, summary = torchrun(torch.cuda.device_count(), "--patterns", "scheduler", "--perturb-step", "40", gpu=True)
     assert proc.returncode != 0 and summary["failed_checks"] > 0

@@ -9,7 +9,7 @@ import torch
 import ukv_torch
 from ukv_torch import KvManager
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = pytest.mark.gpu
 
 ROWS, WIDTH = 6, 16
 

@@ -5,8 +5,8 @@ import random
 
 import torch
 
-from ukv_torch.testing import index_reference as ref
 from support.index_cases import make_decode_step, make_prefill_step
+from ukv_torch.testing import index_reference as ref
 
 
 def i32(values, device):

@@ -1,19 +1,12 @@
-"""Randomised decode and prefill steps for the index-op tests, and the device
-parameter (CPU always; CUDA when a device and a GPU build are present)."""
+"""Randomised decode and prefill steps for the index-op tests."""
 import random
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import List, Optional
 
-import pytest
 import torch
 
-import ukv_torch
 from ukv_torch.testing import index_reference as ref
-
-HAS_GPU = torch.cuda.is_available() and ukv_torch.BACKEND != "cpu"
-gpu_only = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA/HIP device and a GPU build")]
-DEVICES = ["cpu", pytest.param("cuda", marks=gpu_only)]
 
 # Output cells start as SENTINEL; every buffer has SLACK cells past the last
 # slice, so a write outside its slice or a cell left unwritten shows up.

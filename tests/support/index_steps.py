@@ -8,9 +8,9 @@ buffers, then csa_translate_pack fills the CSA heads with skip = prefix count.
 """
 import torch
 
-from ukv_torch.testing import index_reference as ref
 import ukv_torch
 from support.index_cases import SENTINEL, SLACK, reference_buffer
+from ukv_torch.testing import index_reference as ref
 
 
 def fresh_buffers(device):
