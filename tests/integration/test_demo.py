@@ -45,7 +45,7 @@ def test_step_sized_swa_pool_serves_with_no_mismatch():
 
 @pytest.mark.parametrize("layout", ["static", "elastic"])
 def test_a_corrupted_table_entry_fails_the_run(layout):
-    proc = run_demo("--layouts", layout, "--corrupt-step", "40")
+    proc = run_demo("--layouts", layout, "--inject-fault", "40")
     assert proc.returncode == 1
     assert "INTEGRITY MISMATCH" in proc.stderr
 
@@ -61,7 +61,7 @@ def test_cuda_run_replays_a_captured_decode_graph_with_no_mismatch():
 
 @pytest.mark.gpu
 def test_cuda_graph_reads_the_persistent_tables_so_corruption_is_caught():
-    proc = run_demo("--device", "cuda", "--layouts", "elastic", "--corrupt-step", "40")
+    proc = run_demo("--device", "cuda", "--layouts", "elastic", "--inject-fault", "40")
     assert proc.returncode == 1
     assert "INTEGRITY MISMATCH" in proc.stderr
 

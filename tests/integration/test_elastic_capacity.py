@@ -12,7 +12,7 @@ can fill, under long prompts.
 import dataclasses
 
 from ukv_torch.demo.__main__ import workload_copy
-from ukv_torch.demo.server import ServeConfig, Server
+from ukv_torch.demo.server import Server, ServerConfig
 from ukv_torch.demo.workload import synthetic
 from ukv_torch.planning import KvPlan, plan_kv_layout
 
@@ -31,7 +31,7 @@ class WithoutLending(KvPlan):
 def util_at_first_refusal(plan):
     workload = synthetic(1, num_conversations=16, long_frac=0.6, long_range=(3072, 8192))
     server = Server("elastic", plan, workload_copy(workload),
-                    ServeConfig(RATIOS, max_num_seqs=MAX_NUM_SEQS, check_integrity=False, seed=1))
+                    ServerConfig(RATIOS, max_num_seqs=MAX_NUM_SEQS, check_integrity=False, seed=1))
     step = 0
     while not server.done() and server.result.first_refusal_util is None and step < 3000:
         server.step(step)

@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 import ukv_torch
 from ukv_torch.demo.__main__ import PRESETS
-from ukv_torch.demo.server import ServeConfig, Server
+from ukv_torch.demo.server import Server, ServerConfig
 from ukv_torch.demo.workload import synthetic
 from ukv_torch.distributed import (TablesDiverged, broadcast_tables, check_tables_replicated, first_divergence,
                                    tables_buffer)
@@ -118,10 +118,10 @@ def make_plan(args):
 
 
 def make_server(args, device: torch.device, on_forward: Callable) -> ObservedServer:
-    cfg = ServeConfig(PRESETS[args.preset], max_num_seqs=args.max_num_seqs,
-                      max_num_batched_tokens=args.max_num_batched_tokens, index_topk=args.index_topk,
-                      max_blocks_per_seq=args.max_blocks_per_seq, max_steps=args.steps, device=str(device),
-                      seed=args.seed, check_integrity=False)
+    cfg = ServerConfig(PRESETS[args.preset], max_num_seqs=args.max_num_seqs,
+                       max_num_batched_tokens=args.max_num_batched_tokens, index_topk=args.index_topk,
+                       max_blocks_per_seq=args.max_blocks_per_seq, max_steps=args.steps, device=str(device),
+                       seed=args.seed, check_integrity=False)
     # Long prompts and outputs under a tight budget: refusals, preemptions and completions in a few hundred steps.
     workload = synthetic(args.seed, num_conversations=args.conversations, steps_span=30, long_frac=0.3,
                          long_range=(1024, 3000), short_range=(64, 512), output_range=(32, 256))
