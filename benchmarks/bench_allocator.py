@@ -29,14 +29,12 @@ import sys
 import time
 from collections import deque
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)                       # the ukv_torch of this checkout
-sys.path.insert(0, os.path.join(ROOT, "tests"))  # the reference model
+import torch
 
-import torch  # noqa: E402
+import ukv_torch
+from ukv_torch.testing.allocator_model import CoordinatorModel
 
-import ukv_torch  # noqa: E402
-from allocator_model import CoordinatorModel  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout: bench_core, git commit
 
 NUM_SWA, NUM_BLOCKS, KS = 4096, 65536, [32, 1]
 TYPE_NAMES = ["CSA", "HCA"]

@@ -15,16 +15,12 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import time
 
 import torch
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # this checkout's ukv_torch and the model
-
-import ukv_torch  # noqa: E402
-from kv_manager_model import KvManagerModel  # noqa: E402
+import ukv_torch
+from ukv_torch.testing.kv_manager_model import KvManagerModel
 
 NUM_SEQS = 256
 BS = 128

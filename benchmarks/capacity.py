@@ -16,7 +16,7 @@ import sys
 import time
 
 from ukv_torch.demo.__main__ import PRESETS, SWA_SIZINGS, plan_layout, workload_copy
-from ukv_torch.demo.server import ServeConfig, Server
+from ukv_torch.demo.server import Server, ServerConfig
 from ukv_torch.demo.workload import synthetic
 
 MIXES = {
@@ -33,7 +33,7 @@ LAYOUTS = ["static", "upstream", "elastic"]
 
 def run_case(sizing, mix, budget_mib, layout, seed, max_steps):
     ratios = PRESETS["demo"]
-    cfg = ServeConfig(ratios, check_integrity=False, seed=seed)
+    cfg = ServerConfig(ratios, check_integrity=False, seed=seed)
     plan = plan_layout(int(budget_mib * (1 << 20)), ratios, layout, max_num_seqs=cfg.max_num_seqs,
                        max_num_batched_tokens=cfg.max_num_batched_tokens, swa_sizing=sizing)
     workload = synthetic(seed, num_conversations=64, **MIXES[mix])

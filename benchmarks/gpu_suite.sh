@@ -32,7 +32,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/summary.
 python3 -c "import torch; print('torch', torch.__version__)" >>"$OUT/summary.txt"
 git rev-parse --short HEAD >>"$OUT/summary.txt" 2>/dev/null
 stage build python3 -m pip install --no-build-isolation --no-deps -e . -q || exit 1
-SANITIZED="tests/test_index_steps.py tests/test_index_ops.py tests/test_index_robustness.py tests/test_kv_manager_gpu.py"
+SANITIZED="tests/index_ops/test_index_steps.py tests/index_ops/test_index_ops.py tests/index_ops/test_index_robustness.py
+  tests/manager/test_kv_manager_gpu.py"
 for s in "$@"; do
   case $s in
     tests) stage tests python3 -m pytest -q -m gpu tests ;;
@@ -45,12 +46,12 @@ for s in "$@"; do
     sanitize)
       stage memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu $SANITIZED
       stage racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m pytest -q -m gpu \
-        tests/test_index_robustness.py tests/test_kv_manager_gpu.py ;;
+        tests/index_ops/test_index_robustness.py tests/manager/test_kv_manager_gpu.py ;;
     tp)
       stage tp python3 -m torch.distributed.run --standalone --nproc_per_node="$(nvidia-smi -L | wc -l)" \
-        tests/tp_consistency.py --steps 2000 --json
+        tests/integration/tp_consistency.py --steps 2000 --json
       stage tp-perturbed bash -c '! python3 -m torch.distributed.run --standalone --nproc_per_node=1 \
-        tests/tp_consistency.py --patterns scheduler --perturb-step 40' ;;
+        tests/integration/tp_consistency.py --patterns scheduler --perturb-step 40' ;;
     *) echo "unknown stage $s" | tee -a "$OUT/summary.txt"; status=1 ;;
   esac
 done

@@ -1,4 +1,4 @@
-"""Soak: a long randomized serving run on the allocator (tests/allocator_soak.py)
+"""Soak: a long randomized serving run on the allocator (ukv_torch/testing/allocator_soak.py)
 through the batch APIs of torch.classes.ukv.Coordinator, with the invariant
 checker sampled throughout. Fails unless every row is free at the end; prints
 the operations, wall time and the process RSS after warm-up, at the middle and
@@ -9,14 +9,10 @@ at the end (flat RSS: nothing leaks per operation).
 import argparse
 import os
 import platform
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # this checkout's ukv_torch and the soak driver
+import torch
 
-import torch  # noqa: E402
-
-from allocator_soak import run_soak  # noqa: E402
+from ukv_torch.testing.allocator_soak import run_soak
 
 MIB = 1 << 20
 

@@ -11,7 +11,7 @@ import time
 
 from ..planning import MODEL_PRESETS, plan_kv_layout
 from . import report
-from .server import ServeConfig, Server
+from .server import Server, ServerConfig
 from .workload import load_jsonl, synthetic
 
 LAYOUTS = {"static": "static split", "upstream": "unified (upstream sizing)", "elastic": "unified (elastic sizing)"}
@@ -50,7 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--eager", action="store_true",
                    help="on CUDA, build decode indices with eager calls instead of replaying a captured graph")
-    p.add_argument("--corrupt-step", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--inject-fault", type=int, default=None, metavar="STEP",
+                   help="damage one staged table entry at step STEP, after the model's KV writes, to show the "
+                        "integrity check catches it; the run then exits 1")
     return p.parse_args(argv)
 
 
@@ -66,9 +68,9 @@ def run(args) -> int:
             raise SystemExit(f"--layouts: unknown layout {layout!r} (choose from {', '.join(LAYOUTS)})")
         plan = plan_layout(budget, ratios, layout, max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=args.max_num_batched_tokens, swa_sizing=args.swa_sizing)
-        cfg = ServeConfig(ratios, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                          index_topk=args.index_topk, max_steps=args.steps, device=args.device, seed=args.seed,
-                          corrupt_step=args.corrupt_step, cuda_graph=not args.eager)
+        cfg = ServerConfig(ratios, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                           index_topk=args.index_topk, max_steps=args.steps, device=args.device, seed=args.seed,
+                           inject_fault_step=args.inject_fault, cuda_graph=not args.eager)
         server = Server(LAYOUTS[layout], plan, workload_copy(workload), cfg)
         bar = report.Progress(layout, workload.total_turns())
         step = 0

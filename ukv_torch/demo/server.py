@@ -27,7 +27,7 @@ from .workload import VOCAB, Conversation, Workload, first_prompt, next_prompt
 
 
 @dataclass
-class ServeConfig:
+class ServerConfig:
     ratios: List[int]
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
@@ -38,7 +38,7 @@ class ServeConfig:
     max_steps: int = 2000
     device: str = "cpu"
     seed: int = 0
-    corrupt_step: Optional[int] = None  # test hook: damage one staged table entry at this step
+    inject_fault_step: Optional[int] = None  # damage one staged table entry at this step (the check must fail)
     check_integrity: bool = True        # False: capacity studies that only need the accounting
     cuda_graph: bool = True             # on CUDA, decode indices come from one captured graph's replays
 
@@ -124,7 +124,7 @@ def corrupt_entry(tables: torch.Tensor):
 
 
 class Server:
-    def __init__(self, name: str, plan: KvPlan, workload: Workload, cfg: ServeConfig):
+    def __init__(self, name: str, plan: KvPlan, workload: Workload, cfg: ServerConfig):
         self.cfg, self.workload, self.plan = cfg, workload, plan
         self.device = torch.device(cfg.device)
         self.mgr = KvManager(block_size=cfg.block_size, window=cfg.window, max_num_seqs=cfg.max_num_seqs,
@@ -256,9 +256,9 @@ class Server:
         if not self.cfg.check_integrity:
             return
         self._write_kv(decode_tokens, prefill_tokens, tables)
-        # The test hook damages the staged table in place (a captured graph reads
+        # The injected fault damages the staged table in place (a captured graph reads
         # it there) between the model's writes and the index check, for this step only.
-        corrupt = corrupt_entry(tables) if self.cfg.corrupt_step == step else None
+        corrupt = corrupt_entry(tables) if self.cfg.inject_fault_step == step else None
         self.checker.decode(decode_tokens, tables, len(batch))
         self.checker.prefill(prefill_tokens, tables, len(batch))
         if corrupt is not None:

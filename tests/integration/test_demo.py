@@ -1,0 +1,72 @@
+"""The demo's integrity check on a tiny configuration, and proof that it can fail."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+TINY = ["--conversations", "6", "--steps", "120", "--budget-mib", "64", "--max-num-seqs", "8",
+        "--max-num-batched-tokens", "512", "--index-topk", "64", "--plot", ""]
+
+
+def run_demo(*extra):
+    proc = subprocess.run([sys.executable, "-m", "ukv_torch.demo", *TINY, *extra], capture_output=True, text=True,
+                          timeout=600)
+    return proc
+
+
+def test_tiny_run_has_no_mismatch_and_unified_admits_at_least_as_much():
+    proc = run_demo("--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    layouts = {row["layout"]: row for row in json.loads(proc.stdout)["layouts"]}
+    static = layouts["static split"]
+    for name, row in layouts.items():
+        assert row["mismatches"] == 0, name
+        assert row["checked_indices"] > 100_000, name  # the check really ran
+        assert row["requests_completed"] >= static["requests_completed"], name
+    assert layouts["unified (elastic sizing)"]["logical_blocks"] > static["logical_blocks"]
+    # Served work is the workload's, whatever the layout: with every turn
+    # completed, the layouts differ only in the steps they took.
+    if all(row["requests_completed"] == static["requests_completed"] for row in layouts.values()):
+        assert len({row["tokens_served"] for row in layouts.values()}) == 1
+        for row in layouts.values():
+            assert row["tokens_per_step"] == round(row["tokens_served"] / row["steps"], 1)
+
+
+def test_step_sized_swa_pool_serves_with_no_mismatch():
+    proc = run_demo("--json", "--swa-sizing", "step")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["swa_sizing"] == "step"
+    for row in out["layouts"]:
+        assert row["swa_blocks"] == 8 * 2 + 512 // 128, row["layout"]  # 8 windows of 2 blocks + one step's chunks
+        assert row["mismatches"] == 0 and row["checked_indices"] > 100_000, row["layout"]
+
+
+@pytest.mark.parametrize("layout", ["static", "elastic"])
+def test_a_corrupted_table_entry_fails_the_run(layout):
+    proc = run_demo("--layouts", layout, "--inject-fault", "40")
+    assert proc.returncode == 1
+    assert "INTEGRITY MISMATCH" in proc.stderr
+
+
+@pytest.mark.gpu
+def test_cuda_run_replays_a_captured_decode_graph_with_no_mismatch():
+    proc = run_demo("--device", "cuda", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for row in json.loads(proc.stdout)["layouts"]:
+        assert row["mismatches"] == 0, row["layout"]
+        assert row["decode_graph_replays"] > 50, row["layout"]  # decode steps really came from the graph
+
+
+@pytest.mark.gpu
+def test_cuda_graph_reads_the_persistent_tables_so_corruption_is_caught():
+    proc = run_demo("--device", "cuda", "--layouts", "elastic", "--inject-fault", "40")
+    assert proc.returncode == 1
+    assert "INTEGRITY MISMATCH" in proc.stderr
+
+
+def test_unknown_swa_sizing_is_refused_by_name():
+    from ukv_torch.demo.__main__ import plan_layout
+    with pytest.raises(ValueError, match="swa_sizing"):
+        plan_layout(64 << 20, [0, 4, 128], "elastic", max_num_seqs=8, max_num_batched_tokens=512, swa_sizing="tight")

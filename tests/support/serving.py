@@ -1,0 +1,367 @@
+"""The model-based serving engine of the KV manager tests: Serving drives
+ukv_torch.KvManager and the pure-Python KvManagerModel
+(ukv_torch.testing.kv_manager_model) through one engine run and checks after
+every call; DeviceMemory simulates what each KV row holds; CONFIGS are the
+manager configurations the runs cover."""
+import collections
+import random
+
+import ukv_torch
+from ukv_torch.testing.kv_manager_model import KvManagerModel
+
+
+def prefix_keys(tokens, upto, keys):
+    """keys[p] identifies tokens[0..p]; extends keys to cover positions < upto."""
+    while len(keys) < upto:
+        p = len(keys)
+        keys.append(hash((keys[-1] if keys else None, tokens[p])))
+    return keys
+
+
+class DeviceMemory:
+    """What each row of each layer tensor holds: the key of the token prefix
+    whose KV was written there (None = never written).
+
+    Tensor 'dense' has the SWA rows only; compress tensor t has the SWA rows
+    [0, swa_pages) too, and its compress rows at base + phys * k.
+    """
+
+    def __init__(self, cfg, type_rows, compress_base):
+        self.bs = cfg["block_size"]
+        self.ks = list(cfg.get("compress_ks", (32, 1)))
+        self.base = compress_base
+        self.swa_rows = cfg["num_swa_blocks"] * self.bs
+        self.dense = [None] * self.swa_rows
+        self.types = [[None] * rows for rows in type_rows]
+
+    def write_swa(self, slot, pos, key):
+        assert slot >= 0, "a forward writes SWA rows through a -1 table entry"
+        row = slot * self.bs + pos % self.bs
+        self.dense[row] = key
+        for mem in self.types:
+            mem[row] = key
+
+    def read_swa(self, slot, pos):
+        assert slot >= 0, "a forward reads SWA rows through a -1 table entry"
+        row = slot * self.bs + pos % self.bs
+        return [self.dense[row]] + [mem[row] for mem in self.types]
+
+    def compress_row(self, t, phys, entry):
+        return self.base + phys * self.ks[t] + entry
+
+    def write_compress(self, t, phys, entry, key):
+        self.types[t][self.compress_row(t, phys, entry)] = key
+
+    def read_compress(self, t, phys, entry):
+        return self.types[t][self.compress_row(t, phys, entry)]
+
+
+class Serving:
+    """Drives both managers through one engine run and checks after every call."""
+
+    def __init__(self, cfg, seed):
+        self.cfg = cfg
+        self.rng = random.Random(seed)
+        self.cpp = ukv_torch.KvManager(**cfg)
+        self.model = KvManagerModel(**cfg)
+        bs, ns, nb = cfg["block_size"], cfg["num_swa_blocks"], cfg["num_logical_blocks"]
+        self.bs = bs
+        self.ks = list(cfg.get("compress_ks", (32, 1)))
+        self.window = cfg.get("window", 128)
+        self.mtp_k = cfg.get("mtp_k", 0)
+        self.unified = cfg.get("unified", True)
+        if self.unified:
+            slots = cfg.get("type_slots") or ukv_torch.slot_counts(ns, nb, self.ks, bs)
+            rows = [s * bs for s in slots]
+            base = 0
+        else:
+            rows = [ns * bs + nb * k for k in self.ks]
+            base = ns * bs
+        self.mem = DeviceMemory(cfg, rows, base)
+        self.seqs = {}              # seq id -> dict(tokens, keys, target, phase)
+        self.waiting = collections.deque()
+        self.finished_tokens = []   # for repeats and multi-turn follow-ups
+        self.next_id = 0
+        self.calls = 0
+        self.system_prompts = [self.fresh(n) for n in (2 * bs, 3 * bs + 17, bs + 50)]
+
+    # ------------------------------------------------------------ plumbing --
+    def fresh(self, n):
+        return [self.rng.randrange(1, 1 << 20) for _ in range(n)]
+
+    def both(self, name, *args):
+        """The same call on both managers; results, stats and events must agree."""
+        self.calls += 1
+        got = getattr(self.cpp, name)(*args)
+        want = getattr(self.model, name)(*args)
+        assert got == want, f"{name}{args[:1]}: C++ {got} != model {want}"
+        self.cpp.check_invariants()
+        assert self.cpp.stats() == self.model.stats(), name
+        assert self.cpp.take_events() == self.model.take_events(), name
+        return got
+
+    def compare_tables(self, sid):
+        for name in ("logical_table", "swa_table"):
+            assert getattr(self.cpp, name)(sid).tolist() == getattr(self.model, name)(sid), (name, sid)
+        for t in range(len(self.ks)):
+            assert self.cpp.phys_table(sid, t).tolist() == self.model.phys_table(sid, t), ("phys", t, sid)
+        assert self.cpp.num_computed(sid) == self.model.num_computed(sid)
+        assert self.cpp.num_tokens(sid) == self.model.num_tokens(sid)
+
+    def tables(self, sid):
+        return (self.model.logical_table(sid), self.model.swa_table(sid),
+                [self.model.phys_table(sid, t) for t in range(len(self.ks))])
+
+    # ------------------------------------------------- simulated forwards --
+    def keys(self, sid, upto):
+        s = self.seqs[sid]
+        return prefix_keys(s["tokens"], upto, s["keys"])
+
+    def check_reads(self, sid, start):
+        """A forward starting at `start` reads the SWA rows of (start - window, start)
+        and every compress entry completed before start."""
+        _, swa, phys = self.tables(sid)
+        keys = self.keys(sid, start)
+        for p in range(max(0, start - self.window + 1), start):
+            assert self.mem.read_swa(swa[p // self.bs], p) == [keys[p]] * (1 + len(self.ks)), \
+                f"seq {sid} reads stale SWA row of position {p}"
+        self.check_compress(sid, phys, keys, start)
+
+    def check_compress(self, sid, phys, keys, upto):
+        for t, k in enumerate(self.ks):
+            ratio = self.bs // k
+            for e in range(upto // ratio):
+                block, entry = divmod(e, k)
+                last = e * ratio + ratio - 1
+                assert self.mem.read_compress(t, phys[t][block], entry) == keys[last], \
+                    f"seq {sid} type {t} block {block} entry {entry} holds foreign content"
+
+    def write_swa(self, sid, positions, keys):
+        swa = self.model.swa_table(sid)
+        for p in positions:
+            self.mem.write_swa(swa[p // self.bs], p, keys[p])
+
+    def write_compress(self, sid, start, end):
+        phys = self.tables(sid)[2]
+        keys = self.keys(sid, end)
+        for t, k in enumerate(self.ks):
+            ratio = self.bs // k
+            for e in range(start // ratio, end // ratio):
+                if e * ratio + ratio - 1 >= start:
+                    self.mem.write_compress(t, phys[t][e // k], e % k, keys[e * ratio + ratio - 1])
+
+    def check_ownership(self):
+        """No row owned twice: an SWA slot or a compress block appears in live
+        tables only for one content at one position; in the unified layout no
+        compress block of a live table sits in a slot a live SWA entry holds."""
+        swa_owner, cmp_owner = {}, [dict() for _ in self.ks]
+        for sid in self.model.seqs:
+            logical, swa, phys = self.tables(sid)
+            keys = self.keys(sid, min(len(self.seqs[sid]["tokens"]), len(logical) * self.bs))
+            for i, b in enumerate(logical):
+                end = (i + 1) * self.bs
+                content = (i, keys[end - 1]) if end <= len(keys) else (i, "partial", sid)
+                if swa[i] >= 0:
+                    assert swa_owner.setdefault(swa[i], content) == content, f"SWA slot {swa[i]} owned twice"
+                for t in range(len(self.ks)):
+                    assert cmp_owner[t].setdefault(phys[t][i], (b, content)) == (b, content), \
+                        f"type {t} block {phys[t][i]} owned twice"
+        if self.unified:
+            for t, k in enumerate(self.ks):
+                per_slot = self.bs // k
+                for p in cmp_owner[t]:
+                    assert p // per_slot not in swa_owner, f"type {t} block {p} aliases a live SWA slot"
+
+    # ---------------------------------------------------------- the engine --
+    def new_request(self):
+        bs, r = self.bs, self.rng.random()
+        if r < 0.35:
+            tokens = self.rng.choice(self.system_prompts) + self.fresh(self.rng.randrange(1, 2 * bs))
+        elif r < 0.55:
+            tokens = self.fresh(self.rng.randrange(2 * bs, 5 * bs))  # unique filler: forces eviction
+        elif r < 0.7 and self.finished_tokens:
+            tokens = list(self.rng.choice(self.finished_tokens))     # an exact repeat
+        elif r < 0.85 and self.finished_tokens:                      # the next turn of a conversation
+            tokens = list(self.rng.choice(self.finished_tokens)) + self.fresh(self.rng.randrange(1, bs))
+        else:
+            tokens = self.fresh(self.rng.randrange(1, bs))
+        limit = self.cfg["max_blocks_per_seq"] * bs // 2
+        gen = self.rng.randrange(1, bs // 4) if self.rng.random() < 0.7 else self.rng.randrange(bs, 2 * bs)
+        return tokens[:limit], gen
+
+    def admit(self):
+        while self.waiting and len(self.seqs) < self.cfg["max_num_seqs"]:
+            tokens, gen = self.waiting[0]
+            hit = self.both("can_allocate", tokens)
+            cached = self.both("allocate", self.next_id, tokens)
+            assert cached == (hit * self.bs if hit >= 0 else -1), "can_allocate and allocate disagree"
+            if cached < 0:
+                return
+            self.waiting.popleft()
+            sid, self.next_id = self.next_id, self.next_id + 1
+            self.seqs[sid] = dict(tokens=list(tokens), keys=[], target=len(tokens) + gen)
+            self.compare_tables(sid)
+            self.check_reads(sid, cached)  # a hit reads exactly the rows its content was written to
+
+    def prefill_step(self):
+        batch = [sid for sid in self.seqs if self.model.num_tokens(sid) == self.model.seqs[sid].num_prompt]
+        if not batch:
+            return
+        self.rng.shuffle(batch)
+        batch = batch[:self.rng.randrange(1, len(batch) + 1)]
+        budget = self.cfg.get("max_num_batched_tokens", 8192)
+        counts, sampled = [], []
+        for sid in batch:
+            left = self.model.num_tokens(sid) - self.model.num_computed(sid)
+            n = min(left, budget, self.rng.choice([left, self.rng.randrange(1, left + 1), self.bs]))
+            counts.append(n)
+            sampled.append(self.rng.randrange(1, 1 << 20) if n == left else -1)
+        self.both("ensure_for_tokens", batch, counts)
+        for sid, n in zip(batch, counts):
+            start = self.model.num_computed(sid)
+            self.check_reads(sid, start)
+            keys = self.keys(sid, start + n)
+            written_from = start if self.cfg.get("full_retain") else max(start, start + n - self.window)
+            self.write_swa(sid, range(written_from, start + n), keys)
+            self.write_compress(sid, start, start + n)
+        self.both("commit_prefill", batch, counts, sampled)
+        for sid, tok in zip(batch, sampled):
+            if tok >= 0:
+                self.seqs[sid]["tokens"].append(tok)
+            self.compare_tables(sid)
+
+    def decode_step(self):
+        batch = [sid for sid in self.seqs if self.model.num_tokens(sid) > self.model.seqs[sid].num_prompt]
+        if not batch:
+            return
+        self.rng.shuffle(batch)
+        q = self.rng.randrange(1, self.mtp_k + 2)
+        served = self.both("can_append", batch, q)
+        if served < len(batch):
+            self.preempt(batch[served:])
+            batch = batch[:served]
+            if not batch:
+                return
+        self.both("append", batch, q)
+        counts, new_tokens = [], []
+        for sid in batch:
+            s = self.seqs[sid]
+            nc = self.model.num_computed(sid)
+            self.check_reads(sid, nc)
+            drafts = self.fresh(q - 1)
+            keys = list(self.keys(sid, nc + 1))
+            for d in drafts:  # the step writes SWA rows for every scheduled position
+                keys.append(hash((keys[-1], d)))
+            self.write_swa(sid, range(nc, nc + q), keys)
+            accepted = self.rng.randrange(1, q + 1)
+            bonus = self.rng.randrange(1, 1 << 20)
+            toks = drafts[:accepted - 1] + [bonus]
+            s["tokens"].extend(toks)
+            s["keys"] = keys[:nc + accepted]  # rejected drafts' keys are not the sequence's
+            counts.append(accepted)
+            new_tokens.extend(toks)
+        self.both("commit_decode", batch, counts, new_tokens)
+        for sid, n in zip(batch, counts):
+            nc = self.model.num_computed(sid)
+            self.write_compress(sid, nc - n, nc)
+            self.compare_tables(sid)
+        done = [sid for sid in batch if self.model.num_tokens(sid) >= self.seqs[sid]["target"]]
+        self.finish(done)
+
+    def preempt(self, victims):
+        for sid in victims:  # resumes later from its known tokens (prompt + generated)
+            self.waiting.appendleft((list(self.seqs[sid]["tokens"]), 1))
+        self.release(victims)
+
+    def finish(self, done):
+        for sid in done:
+            self.finished_tokens.append(list(self.seqs[sid]["tokens"]))
+        self.release(done)
+
+    def release(self, sids):
+        if not sids:
+            return
+        for sid in sids:  # the KV a sequence leaves behind must still be its own
+            logical, _, phys = self.tables(sid)
+            nc = self.model.num_computed(sid)
+            self.check_compress(sid, phys, self.keys(sid, nc), nc)
+        self.both("deallocate", sids)
+        for sid in sids:
+            del self.seqs[sid]
+
+    def stage_and_compare(self):
+        ids = list(self.seqs)
+        self.rng.shuffle(ids)
+        self.cpp.stage(ids)
+        host = self.cpp.host_tables
+        width = self.cfg["max_blocks_per_seq"]
+        for r, sid in enumerate(ids):
+            logical, swa, phys = self.tables(sid)
+            pad = [0] * (width - len(logical))
+            assert host[r, 0].tolist() == logical + pad
+            assert host[r, 1].tolist() == [max(w, 0) for w in swa] + pad
+            for t in range(len(self.ks)):
+                assert host[r, 2 + t].tolist() == phys[t] + pad
+
+    def step(self):
+        while len(self.waiting) < 3:
+            self.waiting.append(self.new_request())
+        self.admit()
+        self.prefill_step()
+        self.decode_step()
+        self.check_ownership()
+        self.stage_and_compare()
+
+    def run(self, steps):
+        for _ in range(steps):
+            self.step()
+        self.release(list(self.seqs))
+        self.check_nothing_leaks()
+
+    def check_nothing_leaks(self):
+        stats = self.cpp.stats()
+        assert stats["num_sequences"] == 0
+        assert stats["free_logical_blocks"] == self.cfg["num_logical_blocks"]
+        reserve = self.model.swa.checkpoint_capacity if self.model.swa else 0
+        assert stats["swa_reserved"] == reserve
+        # Only checkpoint pins may still hold SWA slots; dropping the cache drops them.
+        assert stats["held_swa_slots"] == (len(self.model.swa.lru) if self.model.swa else 0)
+        self.both("clear_cache")
+        assert self.cpp.stats()["held_swa_slots"] == 0
+
+
+def config(unified, block_size=128, **overrides):
+    cfg = dict(num_logical_blocks=40, num_swa_blocks=32, block_size=block_size, window=128, mtp_k=0,
+               unified=unified, max_num_seqs=8, max_blocks_per_seq=12)
+    cfg.update(overrides)
+    return cfg
+
+
+# Small logical pools under unique fillers force eviction and reuse, so the
+# physical ids drift away from the logical ones.
+CONFIGS = {
+    "unified-bs128": config(True),
+    "static-bs128": config(False),
+    "unified-bs256-mtp2": config(True, 256, mtp_k=2, num_logical_blocks=30),
+    "static-bs256-mtp1": config(False, 256, mtp_k=1, num_logical_blocks=30),
+    "unified-window256-mtp3": config(True, window=256, mtp_k=3, num_swa_blocks=40),
+    "unified-sparse-retain": config(True, full_retain=True, retention_interval=256, checkpoint_frac=0.25,
+                                    max_num_batched_tokens=256, num_swa_blocks=48),
+    "static-sparse-retain": config(False, full_retain=True, retention_interval=256, checkpoint_frac=0.25,
+                                   max_num_batched_tokens=256, num_swa_blocks=48),
+    "unified-full-retain-bs256": config(True, 256, full_retain=True, max_num_batched_tokens=512,
+                                        num_logical_blocks=30, num_swa_blocks=40),
+    # Elastic sizing: own regions smaller than the logical space, so compress
+    # borrows shared slots and SWA reclaims cached compress blocks.
+    "unified-elastic": config(True, num_logical_blocks=64, type_slots=[32 + 6, 32 + 1]),
+    "unified-elastic-mtp1": config(True, mtp_k=1, num_logical_blocks=64, num_swa_blocks=24, type_slots=[24 + 4, 24 + 1]),
+    "unified-elastic-both-types-borrow": config(True, num_logical_blocks=160, type_slots=[32 + 12, 32 + 1]),
+    # ... and may borrow shared slots SWA never used (the planner's elastic mode).
+    "unified-elastic-lend": config(True, num_logical_blocks=64, type_slots=[32 + 6, 32 + 1],
+                                   borrow_unreleased_swa=True),
+    "unified-elastic-mtp1-lend": config(True, mtp_k=1, num_logical_blocks=64, num_swa_blocks=24,
+                                        type_slots=[24 + 4, 24 + 1], borrow_unreleased_swa=True),
+    "unified-elastic-both-types-lend": config(True, num_logical_blocks=160, type_slots=[32 + 12, 32 + 1],
+                                              borrow_unreleased_swa=True),
+    "unified-no-prefix-cache": config(True, enable_prefix_caching=False),
+}
