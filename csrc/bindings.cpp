@@ -5,6 +5,8 @@
 
 #include "classes/allocator_classes.h"
 #include "classes/kv_manager_class.h"
+#include "ops/index_op_args.h"
+#include "ops/record_ops.h"
 #include "ops/sizing_ops.h"
 
 using ukv::ops::CoordinatorHolder;
@@ -15,9 +17,11 @@ TORCH_LIBRARY(ukv, m) {
   // ---- allocator classes (classes first: later schemas may name them) -----
   m.class_<TypePoolHolder>("TypePool")
       .def(torch::init<int64_t, int64_t, int64_t, int64_t>(), "one layer type's shared slot free-list",
-           {torch::arg("num_slots"), torch::arg("k"), torch::arg("block_size") = 128, torch::arg("shared_slots") = 0})
+           {torch::arg("num_slots"), torch::arg("compress_ratio"), torch::arg("block_size"),
+            torch::arg("shared_slots") = 0})
       .def("num_slots", &TypePoolHolder::num_slots)
       .def("k", &TypePoolHolder::k)
+      .def("compress_ratio", &TypePoolHolder::compress_ratio)
       .def("block_size", &TypePoolHolder::block_size)
       .def("shared_slots", &TypePoolHolder::shared_slots)
       .def("blocks_per_slot", &TypePoolHolder::blocks_per_slot)
@@ -49,13 +53,14 @@ TORCH_LIBRARY(ukv, m) {
       .def(torch::init<int64_t, std::vector<int64_t>, std::vector<int64_t>, int64_t, bool>(),
            "option-2 coordinator: one shared SWA slot space, one slot pool per compress type "
            "(borrow_unreleased_swa: compress may also borrow SWA slots SWA never used)",
-           {torch::arg("num_swa_base"), torch::arg("ks"), torch::arg("num_slots"), torch::arg("block_size") = 128,
+           {torch::arg("num_swa_base"), torch::arg("compress_ratios"), torch::arg("num_slots"), torch::arg("block_size"),
             torch::arg("borrow_unreleased_swa") = false})
       .def("num_swa_base", &CoordinatorHolder::num_swa_base)
       .def("block_size", &CoordinatorHolder::block_size)
       .def("num_types", &CoordinatorHolder::num_types)
       .def("borrow_unreleased_swa", &CoordinatorHolder::borrow_unreleased_swa)
       .def("ks", &CoordinatorHolder::ks)
+      .def("compress_ratios", &CoordinatorHolder::compress_ratios)
       .def("type_slots", &CoordinatorHolder::type_slots)
       .def("alloc_swa", &CoordinatorHolder::alloc_swa)
       .def("free_swa", &CoordinatorHolder::free_swa)
@@ -84,12 +89,10 @@ TORCH_LIBRARY(ukv, m) {
 
   // ---- the sequence-level KV manager --------------------------------------
   m.class_<KvManagerHolder>("KvManager")
-      .def(torch::init<c10::Dict<std::string, int64_t>, std::vector<int64_t>, std::vector<int64_t>, double,
-                       std::string>(),
-           "sequence-level KV manager: prefix cache, sliding window, per-type tables, admission, staging",
-           {torch::arg("options"), torch::arg("compress_ks") = std::vector<int64_t>{32, 1},
-            torch::arg("type_slots") = std::vector<int64_t>{}, torch::arg("checkpoint_frac") = 0.5,
-            torch::arg("device") = std::string()})
+      .def(torch::init<std::vector<int64_t>, std::vector<int64_t>, std::string>(),
+           "sequence-level KV manager: prefix cache, sliding window, per-type tables, admission, staging "
+           "(config and pools: a serialised ukv_torch.ServeConfig and PoolSizes)",
+           {torch::arg("config"), torch::arg("pools"), torch::arg("device") = std::string()})
       .def("can_allocate", &KvManagerHolder::can_allocate)
       .def("allocate", &KvManagerHolder::allocate)
       .def("ensure_for_tokens", &KvManagerHolder::ensure_for_tokens)
@@ -115,7 +118,8 @@ TORCH_LIBRARY(ukv, m) {
       .def("take_events", &KvManagerHolder::take_events)
       .def("stats", &KvManagerHolder::stats)
       .def("config", &KvManagerHolder::config)
-      .def("compress_ks", &KvManagerHolder::compress_ks)
+      .def("pools", &KvManagerHolder::pools)
+      .def("quota_bounds", &KvManagerHolder::quota_bounds)
       .def("check_invariants", &KvManagerHolder::check_invariants)
       .def("__obj_flatten__", &KvManagerHolder::obj_flatten)
       .def_pickle([](const c10::intrusive_ptr<KvManagerHolder>& self) { return self->get_state(); },
@@ -124,46 +128,36 @@ TORCH_LIBRARY(ukv, m) {
                   });
 
   // ---- sizing (no tensors; one C++ source for pools and tensors) ----------
-  m.def("slot_counts(int num_swa_blocks, int num_compress_blocks, int[] ks, int block_size=128) -> int[]",
+  m.def("slot_counts(int num_swa_blocks, int num_compress_blocks, int[] compress_ratios, int block_size) -> int[]",
         &ukv::ops::slot_counts);
-  m.def("layer_rows(int compress_ratio, int num_swa_blocks, int num_compress_blocks, int block_size=128, "
+  m.def("layer_rows(int compress_ratio, int num_swa_blocks, int num_compress_blocks, int block_size, "
         "bool unified=True) -> int",
         &ukv::ops::layer_rows);
-  m.def("layer_rows_for_slots(int compress_ratio, int type_slots, int num_swa_blocks, int block_size=128) -> int",
+  m.def("layer_rows_for_slots(int compress_ratio, int type_slots, int num_swa_blocks, int block_size) -> int",
         &ukv::ops::layer_rows_for_slots);
-  m.def("compress_base_row(bool unified, int num_swa_blocks, int block_size=128) -> int",
+  m.def("compress_base_row(bool unified, int num_swa_blocks, int block_size) -> int",
         &ukv::ops::compress_base_row);
-  m.def("plan_kv_layout(int budget_bytes, int[] compress_ratios, int head_dim, int kv_elem_bytes, "
-        "int rope_head_dim, int rope_elem_bytes, int indexer_bytes_per_block, int block_size, int window, "
-        "int mtp_k, int max_num_seqs, int? max_num_batched_tokens, bool full_retain, float swa_budget_frac, str mode) "
-        "-> (int[] summary, int[] compress_ks, int[] type_slots, int[] layer_rows)",
-        &ukv::ops::plan_kv_layout);
+
+  // ---- records: configuration and plans cross as serialised records --------
+  m.def("record_fields(str record) -> (str[] names, str[] kinds, str[] docs, str[] choices)", &ukv::ops::record_fields);
+  m.def("record_defaults(str record) -> int[]", &ukv::ops::record_defaults);
+  m.def("validate_record(str record, int[] encoded) -> ()", &ukv::ops::validate_record);
+  m.def("plan_kv_layout(int budget_bytes, int[] model, int[] config) -> int[]", &ukv::ops::plan_kv_layout);
+  m.def("staged_tables_shape(int[] config) -> int[]", &ukv::ops::staged_tables_shape);
+  m.def("staged_table_index(int[] config, str table) -> int", &ukv::ops::staged_table_index);
 
   // ---- index-building and tensor ops ----------------------------------------
-  // Contracts: SPEC.md §2. Outputs are written in place (Tensor(x!)) and never
-  // returned. T tokens (batch_id [T], -1 = padding), B sequences (table rows).
-  // compress_base is the first compress row: 0 in the unified layout,
-  // num_swa_blocks * block_size in the static split (ukv.compress_base_row).
-  m.def("csa_translate_pack(Tensor topk_local, Tensor block_table, Tensor positions, Tensor batch_id, "
-        "Tensor kv_indptr, Tensor? skip_per_token, Tensor(a!) kv_indices, *, int compress_base, int window=0, "
-        "int compress_ratio=4, int block_size=128) -> ()");
-  m.def("paged_decode_indices(Tensor swa_block_table, Tensor positions, Tensor batch_id, Tensor swa_indptr, "
-        "Tensor(a!) swa_indices, Tensor? csa_indptr=None, Tensor(b!)? csa_indices=None, Tensor? hca_indptr=None, "
-        "Tensor(c!)? hca_indices=None, *, int window, int block_size=128) -> ()");
-  m.def("hca_decode_indices(Tensor hca_block_table, Tensor batch_id, Tensor n_committed_hca, Tensor hca_indptr, "
-        "Tensor(a!) hca_indices, *, int compress_base, int compress_ratio=128, int block_size=128) -> ()");
-  m.def("paged_prefill_indices(Tensor positions, Tensor batch_id, Tensor chunk_start, Tensor query_start, "
-        "Tensor n_committed_hca, Tensor swa_block_table, Tensor hca_block_table, Tensor extend_indptr, "
-        "Tensor swa_indptr, Tensor csa_indptr, Tensor hca_indptr, Tensor(a!) extend_indices, "
-        "Tensor(b!) swa_indices, Tensor(c!) csa_indices, Tensor(d!) hca_indices, *, int compress_base, int window, "
-        "int compress_ratio=128, int block_size=128) -> ()");
-  m.def("decode_index_metadata(Tensor positions, Tensor batch_id, Tensor n_committed_csa, Tensor n_committed_hca, "
-        "Tensor(a!) swa_indptr, Tensor(b!) csa_indptr, Tensor(c!) hca_indptr, *, int window, int index_topk, "
-        "int csa_ratio=4) -> ()");
-  m.def("prefill_index_metadata(Tensor positions, Tensor batch_id, Tensor chunk_start, Tensor n_committed_csa, "
-        "Tensor n_committed_hca, Tensor(a!) extend_indptr, Tensor(b!) swa_indptr, Tensor(c!) csa_indptr, "
-        "Tensor(d!) hca_indptr, Tensor(e!) prefix_swa_count, *, int window, int index_topk, int csa_ratio=4, "
-        "int hca_ratio=128) -> ()");
-  m.def("bind_compress_view(Tensor(a) unified_kv, *, int compress_base, int compress_ratio, int block_size=128) "
+  // Each index op's arguments are listed once, in ops/index_op_args.h; the
+  // contracts are in ukv_torch/ops.py. Outputs are written in place
+  // (Tensor(x!)) and never returned. T tokens (batch_id [T], -1 = padding),
+  // B sequences (table rows). compress_base is the first compress row: 0 in
+  // the unified layout, num_swa_blocks * block_size in the static split
+  // (ukv.compress_base_row).
+  for (const std::string& schema :
+       {ukv::ops::CsaTranslatePack::schema(), ukv::ops::PagedDecodeIndices::schema(),
+        ukv::ops::HcaDecodeIndices::schema(), ukv::ops::PagedPrefillIndices::schema(),
+        ukv::ops::DecodeIndexMetadata::schema(), ukv::ops::PrefillIndexMetadata::schema()})
+    m.def(schema.c_str());
+  m.def("bind_compress_view(Tensor(a) unified_kv, *, int compress_base, int compress_ratio, int block_size) "
         "-> Tensor(a)");
 }

@@ -18,7 +18,7 @@ from .allocator import (  # noqa: E402
     unified_slot_counts,
 )
 from .batch_calls import BatchCalls  # noqa: E402
-from .manager import KvEventKind, KvManager  # noqa: E402
+from .manager import KvEventKind, KvManager, staged_tables_shape, table_index  # noqa: E402
 from .ops import (  # noqa: E402
     bind_compress_view,
     csa_translate_pack,
@@ -28,7 +28,8 @@ from .ops import (  # noqa: E402
     paged_prefill_indices,
     prefill_index_metadata,
 )
-from .planning import MODEL_PRESETS, KvPlan, plan_kv_layout  # noqa: E402
+from .planning import MODEL_PRESETS, plan_kv_layout  # noqa: E402
+from .records import KvPlan, ModelKvSpec, PoolSizes, ServeConfig  # noqa: E402
 from .unified_kv import UnifiedKv, allocate_unified_kv  # noqa: E402
 
 __version__ = "0.1.0"
@@ -39,7 +40,10 @@ __all__ = [
     "KvManager",
     "KvPlan",
     "MODEL_PRESETS",
+    "ModelKvSpec",
     "OutOfSlots",
+    "PoolSizes",
+    "ServeConfig",
     "UnifiedKv",
     "UnifiedKvCoordinator",
     "UnifiedTypePool",
@@ -53,6 +57,8 @@ __all__ = [
     "plan_kv_layout",
     "prefill_index_metadata",
     "slot_counts",
+    "staged_tables_shape",
+    "table_index",
     "unified_slot_counts",
     "__version__",
 ]

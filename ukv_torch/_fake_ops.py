@@ -21,6 +21,8 @@ import inspect
 
 import torch
 
+from ._eager import check_signature
+
 
 def _check_one_device(op, arguments):
     """Every tensor argument on one device: the first non-meta one's, else meta."""
@@ -33,8 +35,10 @@ def _check_one_device(op, arguments):
 
 
 def _register_fake(op):
-    """torch.library.register_fake for ukv::op, with the one-device check first."""
+    """torch.library.register_fake for ukv::op, with the one-device check first.
+    The fake's signature must be the op's schema (checked here, at import)."""
     def register(fn):
+        check_signature(op, fn, "fake kernel")
         signature = inspect.signature(fn)
 
         @functools.wraps(fn)
@@ -56,20 +60,20 @@ def _check_tokens(batch_id, per_token=(), indptrs=()):
 
 
 @_register_fake("csa_translate_pack")
-def _csa_translate_pack(topk_local, block_table, positions, batch_id, kv_indptr, skip_per_token, kv_indices, *,
-                        compress_base, window=0, compress_ratio=4, block_size=128):
+def _csa_translate_pack(topk_local, block_table, positions, batch_id, kv_indptr, kv_indices, *, compress_base,
+                        window=0, skip_per_token=None, compress_ratio=4, block_size):
     _check_tokens(batch_id, per_token=(topk_local, positions, skip_per_token), indptrs=(kv_indptr,))
 
 
 @_register_fake("paged_decode_indices")
 def _paged_decode_indices(swa_block_table, positions, batch_id, swa_indptr, swa_indices, csa_indptr=None,
-                          csa_indices=None, hca_indptr=None, hca_indices=None, *, window, block_size=128):
+                          csa_indices=None, hca_indptr=None, hca_indices=None, *, window, block_size):
     _check_tokens(batch_id, per_token=(positions,), indptrs=(swa_indptr, csa_indptr, hca_indptr))
 
 
 @_register_fake("hca_decode_indices")
 def _hca_decode_indices(hca_block_table, batch_id, n_committed_hca, hca_indptr, hca_indices, *, compress_base,
-                        compress_ratio=128, block_size=128):
+                        compress_ratio=128, block_size):
     _check_tokens(batch_id, indptrs=(hca_indptr,))
     torch._check(n_committed_hca.shape[0] == hca_block_table.shape[0],
                  lambda: "n_committed_hca needs one entry per block-table row")
@@ -79,7 +83,7 @@ def _hca_decode_indices(hca_block_table, batch_id, n_committed_hca, hca_indptr, 
 def _paged_prefill_indices(positions, batch_id, chunk_start, query_start, n_committed_hca, swa_block_table,
                            hca_block_table, extend_indptr, swa_indptr, csa_indptr, hca_indptr, extend_indices,
                            swa_indices, csa_indices, hca_indices, *, compress_base, window, compress_ratio=128,
-                           block_size=128):
+                           block_size):
     _check_tokens(batch_id, per_token=(positions,), indptrs=(extend_indptr, swa_indptr, csa_indptr, hca_indptr))
     num_seqs = swa_block_table.shape[0]
     for t in (hca_block_table, chunk_start, query_start, n_committed_hca):

@@ -63,19 +63,30 @@ def _torch_object(drop_in: str, make: Callable[[], "torch.ScriptObject"], **argu
         raise ValueError(f"{drop_in}({given}): {exc}") from None
 
 
-def slot_counts(num_swa_blocks: int, num_compress_blocks: int, ks: Sequence[int],
-                block_size: int = 128) -> List[int]:
-    """Slots of each compress type's tensor: num_swa_blocks + ceil(NB / (block_size / k)).
+def slot_counts(num_swa_blocks: int, num_compress_blocks: int, compress_ratios: Sequence[int],
+                block_size: int) -> List[int]:
+    """Slots of each compress type's tensor: num_swa_blocks + ceil(NB / ratio), the
+    type's k = block_size / ratio rows per block packed block_size / k to a slot.
 
     The same C++ function sizes the Coordinator's pools and the unified_kv tensors.
     """
-    return list(torch.ops.ukv.slot_counts(num_swa_blocks, num_compress_blocks, list(ks), block_size))
+    return list(torch.ops.ukv.slot_counts(num_swa_blocks, num_compress_blocks, list(compress_ratios), block_size))
+
+
+def _ratio_of(k: int, bs: int) -> int:
+    """The compress ratio of upstream's k rows per block (0: an SWA-only pool)."""
+    if k == 0:
+        return 0
+    if not isinstance(k, int) or k < 0 or bs % k:
+        raise ValueError(f"k (rows per compress block) must divide block_size {bs}, got {k}")
+    return bs // k
 
 
 def unified_slot_counts(num_swa_blocks: int, num_compress_blocks: int,
                         block_size: int = 128) -> Tuple[int, int]:
     """Upstream sizing: (n_csa_slots, n_hca_slots) for CSA k=32 and HCA k=1."""
-    n_csa, n_hca = slot_counts(num_swa_blocks, num_compress_blocks, [CSA_K, HCA_K], block_size)
+    n_csa, n_hca = slot_counts(num_swa_blocks, num_compress_blocks,
+                               [_ratio_of(CSA_K, block_size), _ratio_of(HCA_K, block_size)], block_size)
     return n_csa, n_hca
 
 
@@ -89,7 +100,7 @@ class UnifiedTypePool:
     """
 
     def __init__(self, num_slots: int, k: int, bs: int = 128):
-        self.torch_object = _torch_object("UnifiedTypePool", lambda: torch.classes.ukv.TypePool(num_slots, k, bs, 0),
+        self.torch_object = _torch_object("UnifiedTypePool", lambda: torch.classes.ukv.TypePool(num_slots, _ratio_of(k, bs), bs, 0),
                                           num_slots=num_slots, k=k, bs=bs)
         self.num_slots = num_slots
         self.k = k
@@ -183,7 +194,8 @@ class UnifiedKvCoordinator:
     def __init__(self, num_swa_base: int, n_csa_slots: int, n_hca_slots: int, bs: int = 128):
         self.torch_object = _torch_object(
             "UnifiedKvCoordinator",
-            lambda: torch.classes.ukv.Coordinator(num_swa_base, [CSA_K, HCA_K], [n_csa_slots, n_hca_slots], bs),
+            lambda: torch.classes.ukv.Coordinator(num_swa_base, [_ratio_of(CSA_K, bs), _ratio_of(HCA_K, bs)],
+                                                  [n_csa_slots, n_hca_slots], bs),
             num_swa_base=num_swa_base, n_csa_slots=n_csa_slots, n_hca_slots=n_hca_slots, bs=bs)
         self.num_swa_base = num_swa_base
         self.bs = bs

@@ -23,6 +23,9 @@ from typing import List, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
+from .manager import staged_tables_shape
+from .records import ServeConfig
+
 __all__ = ["Divergence", "TablesDiverged", "broadcast_tables", "check_tables_replicated", "first_divergence",
            "tables_buffer"]
 
@@ -49,16 +52,13 @@ class TablesDiverged(RuntimeError):
         self.divergence = divergence
 
 
-def tables_buffer(max_num_seqs: int, num_types: int, max_blocks_per_seq: int,
-                  device: Optional[Union[str, torch.device]] = None) -> torch.Tensor:
-    """A persistent [max_num_seqs, 2 + num_types, max_blocks_per_seq] int32 buffer
-    laid out like `KvManager.tables`, for ranks that receive broadcast tables.
-    Pass the values the scheduler rank's manager was built with."""
-    for name, value, low in (("max_num_seqs", max_num_seqs, 1), ("num_types", num_types, 0),
-                             ("max_blocks_per_seq", max_blocks_per_seq, 1)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ValueError(f"tables_buffer: {name} must be an int >= {low}, got {value!r}")
-    return torch.zeros(max_num_seqs, 2 + num_types, max_blocks_per_seq, dtype=torch.int32, device=device)
+def tables_buffer(config: ServeConfig, device: Optional[Union[str, torch.device]] = None) -> torch.Tensor:
+    """A persistent int32 buffer laid out like `KvManager.tables` of a manager
+    with this config (`staged_tables_shape(config)`), for ranks that receive
+    broadcast tables. Pass the ServeConfig the scheduler rank's manager has."""
+    if not isinstance(config, ServeConfig):
+        raise TypeError(f"tables_buffer: config must be a ServeConfig, got {type(config).__name__}")
+    return torch.zeros(staged_tables_shape(config), dtype=torch.int32, device=device)
 
 
 def broadcast_tables(tables: torch.Tensor, rows: int, *, src: int = 0,
@@ -133,8 +133,8 @@ def _check_tables(caller: str, tables: torch.Tensor, rows: int, group: Optional[
     if not isinstance(tables, torch.Tensor):
         raise TypeError(f"{caller}: tables must be a torch.Tensor, got {type(tables).__name__}")
     if tables.dtype != torch.int32 or tables.dim() != 3 or not tables.is_contiguous():
-        raise ValueError(f"{caller}: tables must be a contiguous 3-D int32 tensor [max_num_seqs, 2 + num_types, "
-                         f"max_blocks_per_seq] (KvManager.tables or tables_buffer), got {tables.dtype} "
+        raise ValueError(f"{caller}: tables must be a contiguous 3-D int32 tensor [max_num_seqs, tables, columns] "
+                         f"(KvManager.tables or tables_buffer), got {tables.dtype} "
                          f"{list(tables.shape)}{'' if tables.is_contiguous() else ' non-contiguous'}")
     if not isinstance(rows, int) or isinstance(rows, bool) or not 0 <= rows <= tables.shape[0]:
         raise ValueError(f"{caller}: rows must be an int in [0, {tables.shape[0]}], got {rows!r}")

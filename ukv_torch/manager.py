@@ -6,10 +6,11 @@ staging tables. This wrapper only names the constructor options and converts
 Python sequences to the 1-D CPU tensors the torch class takes; pass tensors
 directly (int64 ids and counts, int32/int64 tokens) on hot paths.
 
-Table layout: `tables` is [max_num_seqs, 2 + num_types, max_blocks_per_seq]
-int32 on the manager's device (or on the host without one); `tables[:, 0]` is
-the logical table, `[:, 1]` the SWA table (-1 written as 0), `[:, 2 + t]` the
-physical table of compress type t (the logical ids in the static split).
+Table layout: `tables` is `staged_tables_shape(config)` int32
+on the manager's device (or on the host without one); `table_index(config,
+name)` says where each table lies: 'logical', 'swa' (-1 written as 0), and the
+physical table of each compress type named by its ratio (the logical ids in
+the static split). `KvManager.table(name)` is that view.
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-__all__ = ["KvManager", "KvEventKind"]
+from .records import KvPlan, PoolSizes, ServeConfig
+
+__all__ = ["KvManager", "KvEventKind", "table_index", "staged_tables_shape"]
 
 IntsLike = Union[torch.Tensor, Sequence[int]]
 
@@ -42,47 +45,39 @@ def _tokens(x: IntsLike) -> torch.Tensor:
 class KvManager:
     """Sequence-level KV manager of the unified pool.
 
-    Args mirror the C++ KvManagerConfig: `num_logical_blocks` (logical compress
-    blocks, shared by every compressed layer and the indexer), `num_swa_blocks`
-    (slots of the shared SWA space), `window` (tokens; 0 = no SWA pool),
-    `mtp_k` (speculative tokens per decode step), `unified` (False = the
-    upstream static split), `compress_ks` (rows per block of each compress
-    type, CSA 32 and HCA 1 by default), `type_slots` (slots of each type's
-    tensor; default from `slot_counts`), `borrow_unreleased_swa` (unified:
-    compress may also borrow SWA slots SWA never used, which the elastic
-    layout needs; admission stays a promise), `full_retain`, `retention_interval`
-    and `checkpoint_frac` (sparse SWA checkpoints), `max_num_seqs` x
-    `max_blocks_per_seq` (staging), and `device` (where the staged tables are
-    mirrored; pinned host staging when it is a GPU).
+    ``KvManager(plan)`` takes everything from a :class:`KvPlan`: its
+    :class:`ServeConfig` and its pools. ``KvManager(config, pools)`` takes a
+    ServeConfig and a :class:`PoolSizes` (or the PoolSizes fields as
+    keywords: ``num_logical_blocks``, ``num_swa_blocks``, ``type_slots``).
+    ``device`` is where the staged tables are mirrored (pinned host staging
+    when it is a GPU); without one the kernels read the host tables.
+
+    The keyword form of earlier versions, ``KvManager(num_logical_blocks=...,
+    num_swa_blocks=..., **options)``, is accepted: ``options`` are ServeConfig
+    fields, plus ``compress_ks`` (rows per block, converted to ratios),
+    ``unified`` and ``borrow_unreleased_swa`` (converted to the layout:
+    static, upstream or elastic).
     """
 
-    def __init__(self, *, num_logical_blocks: int, num_swa_blocks: int, block_size: int = 128,
-                 window: int = 128, mtp_k: int = 0, max_num_batched_tokens: int = 8192,
-                 enable_prefix_caching: bool = True, unified: bool = True,
-                 compress_ks: Sequence[int] = (32, 1), type_slots: Optional[Sequence[int]] = None,
-                 borrow_unreleased_swa: bool = False, full_retain: bool = False, retention_interval: int = 0, checkpoint_frac: float = 0.5,
-                 max_num_seqs: int = 256, max_blocks_per_seq: int = 1024,
-                 device: Optional[Union[str, torch.device]] = None):
-        options = {
-            "num_logical_blocks": num_logical_blocks, "num_swa_blocks": num_swa_blocks,
-            "block_size": block_size, "window": window, "mtp_k": mtp_k,
-            "max_num_batched_tokens": max_num_batched_tokens,
-            "enable_prefix_caching": int(enable_prefix_caching), "unified": int(unified),
-            "borrow_unreleased_swa": int(borrow_unreleased_swa),
-            "full_retain": int(full_retain), "retention_interval": retention_interval,
-            "max_num_seqs": max_num_seqs, "max_blocks_per_seq": max_blocks_per_seq,
-        }
+    def __init__(self, config: Union[KvPlan, ServeConfig, None] = None, pools: Optional[PoolSizes] = None, *,
+                 device: Optional[Union[str, torch.device]] = None, **options):
+        config, pools = _config_and_pools(config, pools, options)
         self.torch_object = torch.classes.ukv.KvManager(
-            options, list(compress_ks), list(type_slots or []), float(checkpoint_frac),
-            "" if device is None else str(torch.device(device)))
-        self.num_types = len(compress_ks)
+            config.encode(), pools.encode(), "" if device is None else str(torch.device(device)))
+        self.config = config
+        self.pools = PoolSizes.decode(self.torch_object.pools())  # type_slots resolved
 
     @classmethod
     def from_torch_object(cls, obj) -> "KvManager":
         self = cls.__new__(cls)
         self.torch_object = obj
-        self.num_types = len(obj.compress_ks())
+        self.config = ServeConfig.decode(obj.config())
+        self.pools = PoolSizes.decode(obj.pools())
         return self
+
+    @property
+    def num_types(self) -> int:
+        return len(self.config.compress_ratios)
 
     # --- admission ---
     def can_allocate(self, tokens: IntsLike) -> int:
@@ -144,8 +139,9 @@ class KvManager:
     def stats(self) -> Dict[str, int]:
         return dict(self.torch_object.stats())
 
-    def config(self) -> Dict[str, int]:
-        return dict(self.torch_object.config())
+    def quota_bounds(self) -> Dict[str, int]:
+        """SWA quota bounds in blocks: tail_blocks (the hit's trailing window), prefill_quota_bound, decode_quota_bound."""
+        return dict(self.torch_object.quota_bounds())
 
     def take_events(self) -> List[Tuple[int, int, int, bool]]:
         """KV events since the last call: (kind, block_hash, parent_hash, has_parent)."""
@@ -170,7 +166,7 @@ class KvManager:
 
     @property
     def tables(self) -> torch.Tensor:
-        """[max_num_seqs, 2 + num_types, max_blocks_per_seq] int32 tables the kernels read."""
+        """The staged tables the kernels read: staged_tables_shape(config) int32 (see table_index)."""
         return self.torch_object.tables()
 
     @property
@@ -178,14 +174,72 @@ class KvManager:
         return self.torch_object.host_tables()
 
     def table(self, name: Union[str, int]) -> torch.Tensor:
-        """One table as a [max_num_seqs, max_blocks_per_seq] view: 'logical', 'swa', or a compress type index."""
-        index = {"logical": 0, "swa": 1}.get(name, None) if isinstance(name, str) else 2 + name
-        if index is None:
-            raise ValueError(f"table name must be 'logical', 'swa' or a compress type index, got {name!r}")
-        return self.tables[:, index]
+        """One table of :attr:`tables` as a [max_num_seqs, columns] view: 'logical', 'swa', or a compress ratio."""
+        return self.tables[:, table_index(self.config, name)]
 
     def __getstate__(self):
-        return {"torch_object": self.torch_object, "num_types": self.num_types}
+        return {"torch_object": self.torch_object}
 
     def __setstate__(self, state):
-        self.__dict__.update(state)
+        obj = state["torch_object"]
+        self.torch_object = obj
+        self.config = ServeConfig.decode(obj.config())
+        self.pools = PoolSizes.decode(obj.pools())
+
+
+def table_index(config: ServeConfig, name: Union[str, int]) -> int:
+    """Where a table lies in the staged tables ([rows, table, columns]): 'logical',
+    'swa', then the physical table of each compress type, named by its ratio
+    (csrc/core/staged_tables.h)."""
+    return torch.ops.ukv.staged_table_index(config.encode(), str(name))
+
+
+def staged_tables_shape(config: ServeConfig) -> Tuple[int, int, int]:
+    """(max_num_seqs, tables, columns) of the staged tables of a manager with this config."""
+    return tuple(torch.ops.ukv.staged_tables_shape(config.encode()))
+
+
+_LEGACY_LAYOUT = {(False, False): "static", (True, False): "upstream", (True, True): "elastic"}
+
+
+def _config_and_pools(config, pools, options):
+    """(ServeConfig, PoolSizes) from a plan, a config and pools, or the earlier keyword form."""
+    pool_options = {f.name: options.pop(f.name) for f in PoolSizes._fields if f.name in options}
+    if isinstance(config, KvPlan):
+        if pools is not None or pool_options or options:
+            raise TypeError("KvManager(plan) takes no pools or options: the plan carries them")
+        return config.config, config.pools
+    if pools is None:
+        pools = PoolSizes(**pool_options)
+    elif pool_options:
+        raise TypeError(f"KvManager: give pools or {', '.join(sorted(pool_options))}, not both")
+    if config is None:
+        config = _legacy_config(options)
+    elif options:
+        raise TypeError(f"KvManager: unknown option(s) {', '.join(sorted(options))} beside a ServeConfig")
+    if not isinstance(config, ServeConfig):
+        raise TypeError(f"KvManager: config must be a KvPlan or a ServeConfig, got {type(config).__name__}")
+    return config, pools
+
+
+def _legacy_config(options) -> ServeConfig:
+    unified = options.pop("unified", True)
+    borrow = options.pop("borrow_unreleased_swa", False)
+    if (unified, borrow) == (False, True):
+        raise ValueError("borrow_unreleased_swa applies to the unified layout only (unified=False)")
+    block_size = options.get("block_size", 128)
+    ks = options.pop("compress_ks", None)
+    if ks is not None:
+        for k in ks:
+            if not isinstance(k, int) or k <= 0 or block_size % k:
+                raise ValueError(f"compress_ks: each k must divide block_size {block_size}, got {k}")
+        options["compress_ratios"] = tuple(sorted(block_size // k for k in ks))
+        if list(options["compress_ratios"]) != [block_size // k for k in ks]:
+            raise ValueError(f"compress_ks must be in descending order of k (ascending ratio), got {tuple(ks)}")
+    options.setdefault("layout", _LEGACY_LAYOUT[(bool(unified), bool(borrow))])
+    fields = {f.name for f in ServeConfig._fields}
+    unknown = set(options) - fields
+    if unknown:
+        raise TypeError(f"KvManager: unknown option(s) {', '.join(sorted(unknown))} "
+                        f"(ServeConfig fields: {', '.join(sorted(fields))})")
+    return ServeConfig(**options)

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ._eager import EagerOp, eager_call, is_dynamo_compiling
+from ._eager import schema_op
 
 __all__ = [
     "csa_translate_pack",
@@ -34,14 +34,8 @@ __all__ = [
     "bind_compress_view",
 ]
 
-_csa_translate_pack = EagerOp("csa_translate_pack")
-_paged_decode_indices = EagerOp("paged_decode_indices")
-_hca_decode_indices = EagerOp("hca_decode_indices")
-_paged_prefill_indices = EagerOp("paged_prefill_indices")
-_decode_index_metadata = EagerOp("decode_index_metadata")
-_prefill_index_metadata = EagerOp("prefill_index_metadata")
 
-
+@schema_op
 def csa_translate_pack(
     topk_local: torch.Tensor,
     block_table: torch.Tensor,
@@ -54,7 +48,7 @@ def csa_translate_pack(
     window: int = 0,
     skip_per_token: Optional[torch.Tensor] = None,
     compress_ratio: int = 4,
-    block_size: int = 128,
+    block_size: int,
 ) -> None:
     """Translate the indexer's top-k into unified_kv rows at the head of each CSA slice.
 
@@ -69,14 +63,9 @@ def csa_translate_pack(
     Pass the physical CSA table in the unified layout, the logical one in the
     static split.
     """
-    args = (
-        topk_local, block_table, positions, batch_id, kv_indptr, skip_per_token, kv_indices,
-        compress_base, window, compress_ratio, block_size,
-    )
-    if is_dynamo_compiling() or not eager_call(_csa_translate_pack.handle, args):
-        _csa_translate_pack.via_torch_ops(args)
 
 
+@schema_op
 def paged_decode_indices(
     swa_block_table: torch.Tensor,
     positions: torch.Tensor,
@@ -89,7 +78,7 @@ def paged_decode_indices(
     hca_indices: Optional[torch.Tensor] = None,
     *,
     window: int,
-    block_size: int = 128,
+    block_size: int,
 ) -> None:
     """Write each decode token's sliding window as unified_kv rows at its slice tails.
 
@@ -101,14 +90,9 @@ def paged_decode_indices(
     :func:`hca_decode_indices`. Omit the CSA/HCA pairs for SWA-only (MTP draft)
     layers.
     """
-    args = (
-        swa_block_table, positions, batch_id, swa_indptr, swa_indices, csa_indptr, csa_indices,
-        hca_indptr, hca_indices, window, block_size,
-    )
-    if is_dynamo_compiling() or not eager_call(_paged_decode_indices.handle, args):
-        _paged_decode_indices.via_torch_ops(args)
 
 
+@schema_op
 def hca_decode_indices(
     hca_block_table: torch.Tensor,
     batch_id: torch.Tensor,
@@ -118,7 +102,7 @@ def hca_decode_indices(
     *,
     compress_base: int,
     compress_ratio: int = 128,
-    block_size: int = 128,
+    block_size: int,
 ) -> None:
     """Write the HCA section at the head of each decode token's HCA slice.
 
@@ -128,14 +112,9 @@ def hca_decode_indices(
     to ``hca_indices[hca_indptr[t] + e]``. The count is capped by the slice
     length and the table width. Upstream builds this on the host every step.
     """
-    args = (
-        hca_block_table, batch_id, n_committed_hca, hca_indptr, hca_indices,
-        compress_base, compress_ratio, block_size,
-    )
-    if is_dynamo_compiling() or not eager_call(_hca_decode_indices.handle, args):
-        _hca_decode_indices.via_torch_ops(args)
 
 
+@schema_op
 def paged_prefill_indices(
     positions: torch.Tensor,
     batch_id: torch.Tensor,
@@ -156,7 +135,7 @@ def paged_prefill_indices(
     compress_base: int,
     window: int,
     compress_ratio: int = 128,
-    block_size: int = 128,
+    block_size: int,
 ) -> None:
     """Fill the four prefill index buffers of a (chunked) prefill forward.
 
@@ -174,15 +153,9 @@ def paged_prefill_indices(
       ``min((pos + 1) // compress_ratio, n_committed_hca[b])`` HCA entries, the
       per-token causal cap (upstream's H-e fix).
     """
-    args = (
-        positions, batch_id, chunk_start, query_start, n_committed_hca, swa_block_table, hca_block_table,
-        extend_indptr, swa_indptr, csa_indptr, hca_indptr, extend_indices, swa_indices, csa_indices,
-        hca_indices, compress_base, window, compress_ratio, block_size,
-    )
-    if is_dynamo_compiling() or not eager_call(_paged_prefill_indices.handle, args):
-        _paged_prefill_indices.via_torch_ops(args)
 
 
+@schema_op
 def decode_index_metadata(
     positions: torch.Tensor,
     batch_id: torch.Tensor,
@@ -204,14 +177,9 @@ def decode_index_metadata(
     tail repeats the last value. Inside a captured graph this replaces the
     host-side cumsums.
     """
-    args = (
-        positions, batch_id, n_committed_csa, n_committed_hca, swa_indptr, csa_indptr, hca_indptr,
-        window, index_topk, csa_ratio,
-    )
-    if is_dynamo_compiling() or not eager_call(_decode_index_metadata.handle, args):
-        _decode_index_metadata.via_torch_ops(args)
 
 
+@schema_op
 def prefill_index_metadata(
     positions: torch.Tensor,
     batch_id: torch.Tensor,
@@ -238,17 +206,10 @@ def prefill_index_metadata(
     :func:`paged_prefill_indices`). ``prefix_swa_count`` is the
     ``skip_per_token`` of :func:`csa_translate_pack` in prefill.
     """
-    args = (
-        positions, batch_id, chunk_start, n_committed_csa, n_committed_hca, extend_indptr, swa_indptr,
-        csa_indptr, hca_indptr, prefix_swa_count, window, index_topk,
-        csa_ratio, hca_ratio,
-    )
-    if is_dynamo_compiling() or not eager_call(_prefill_index_metadata.handle, args):
-        _prefill_index_metadata.via_torch_ops(args)
 
 
 def bind_compress_view(
-    unified_kv: torch.Tensor, *, compress_base: int, compress_ratio: int, block_size: int = 128
+    unified_kv: torch.Tensor, *, compress_base: int, compress_ratio: int, block_size: int
 ) -> torch.Tensor:
     """The ``[N, k, head_dim]`` view a layer's main compressor writes through.
 

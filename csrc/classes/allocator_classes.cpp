@@ -5,8 +5,9 @@
 #include <algorithm>
 #include <cctype>
 
-#include "ops/core_errors.h"
 #include "classes/tensor_args.h"
+#include "core/sizing.h"
+#include "ops/core_errors.h"
 
 namespace ukv::ops {
 namespace {
@@ -42,8 +43,10 @@ decltype(auto) TypePoolHolder::locked(F&& fn) {
   return translate_core_errors(std::forward<F>(fn));
 }
 
-TypePoolHolder::TypePoolHolder(int64_t num_slots, int64_t k, int64_t block_size, int64_t shared_slots)
-    : pool_(translate_core_errors([&] { return TypePool(num_slots, k, block_size, shared_slots); })) {}
+TypePoolHolder::TypePoolHolder(int64_t num_slots, int64_t compress_ratio, int64_t block_size, int64_t shared_slots)
+    : pool_(translate_core_errors([&] {
+        return TypePool(num_slots, rows_per_compress_block(compress_ratio, block_size), block_size, shared_slots);
+      })) {}
 
 bool TypePoolHolder::reserve_slot(int64_t slot) { return locked([&] { return pool_.reserve_slot(slot); }); }
 void TypePoolHolder::release_slot(int64_t slot) { locked([&] { pool_.release_slot(slot); }); }
@@ -118,15 +121,26 @@ decltype(auto) CoordinatorHolder::locked(F&& fn) {
   return translate_core_errors(std::forward<F>(fn));
 }
 
-CoordinatorHolder::CoordinatorHolder(int64_t num_swa_base, std::vector<int64_t> ks, std::vector<int64_t> num_slots,
-                                     int64_t block_size, bool borrow_unreleased_swa)
+CoordinatorHolder::CoordinatorHolder(int64_t num_swa_base, std::vector<int64_t> compress_ratios,
+                                     std::vector<int64_t> num_slots, int64_t block_size, bool borrow_unreleased_swa)
     : coord_(translate_core_errors([&] {
-        require(ks.size() == num_slots.size(), "ks and num_slots must have the same length, got ", ks.size(),
-                " and ", num_slots.size());
+        require(compress_ratios.size() == num_slots.size(), "compress_ratios and num_slots must have the same length, got ",
+                compress_ratios.size(), " and ", num_slots.size());
         std::vector<CompressTypeSpec> types;
-        for (size_t t = 0; t < ks.size(); ++t) types.push_back({ks[t], num_slots[t]});
+        for (size_t t = 0; t < compress_ratios.size(); ++t) {
+          require(compress_ratios[t] > 0, "compress_ratios must be > 0, got ", compress_ratios[t]);
+          types.push_back({rows_per_compress_block(compress_ratios[t], block_size), num_slots[t]});
+        }
         return Coordinator(num_swa_base, types, block_size, borrow_unreleased_swa);
       })) {}
+
+std::vector<int64_t> CoordinatorHolder::compress_ratios() {
+  return locked([&] {
+    std::vector<int64_t> out;
+    for (int64_t t = 0; t < coord_.num_types(); ++t) out.push_back(coord_.block_size() / coord_.pool(t).k());
+    return out;
+  });
+}
 
 std::vector<int64_t> CoordinatorHolder::ks() {
   return locked([&] {

@@ -23,11 +23,14 @@ enum class BatchRole : int64_t { kSwa = 0, kCompress = 1 };
 
 class TypePoolHolder : public torch::CustomClassHolder {
  public:
-  TypePoolHolder(int64_t num_slots, int64_t k, int64_t block_size, int64_t shared_slots);
+  // Compress blocks are named by their ratio (k = block_size / compress_ratio;
+  // 0 = an SWA-only pool), as everywhere in ukv_torch's public API.
+  TypePoolHolder(int64_t num_slots, int64_t compress_ratio, int64_t block_size, int64_t shared_slots);
   explicit TypePoolHolder(TypePool pool) : pool_(std::move(pool)) {}
 
   int64_t num_slots() const { return pool_.num_slots(); }
   int64_t k() const { return pool_.k(); }
+  int64_t compress_ratio() const { return pool_.k() == 0 ? 0 : pool_.block_size() / pool_.k(); }
   int64_t block_size() const { return pool_.block_size(); }
   int64_t shared_slots() const { return pool_.shared_slots(); }
   int64_t blocks_per_slot() const { return pool_.blocks_per_slot(); }
@@ -74,7 +77,8 @@ class TypePoolHolder : public torch::CustomClassHolder {
 
 class CoordinatorHolder : public torch::CustomClassHolder {
  public:
-  CoordinatorHolder(int64_t num_swa_base, std::vector<int64_t> ks, std::vector<int64_t> num_slots,
+  // One compress type per ratio (k = block_size / ratio), each with its slots.
+  CoordinatorHolder(int64_t num_swa_base, std::vector<int64_t> compress_ratios, std::vector<int64_t> num_slots,
                     int64_t block_size, bool borrow_unreleased_swa);
   explicit CoordinatorHolder(Coordinator c) : coord_(std::move(c)) {}
 
@@ -83,6 +87,7 @@ class CoordinatorHolder : public torch::CustomClassHolder {
   int64_t num_types() const { return coord_.num_types(); }
   bool borrow_unreleased_swa() const { return coord_.borrow_unreleased_swa(); }
   std::vector<int64_t> ks();
+  std::vector<int64_t> compress_ratios();
   std::vector<int64_t> type_slots();
 
   int64_t alloc_swa();

@@ -1,51 +1,11 @@
 #include "classes/kv_manager_class.h"
 
-#include <functional>
-#include <map>
-
-#include "ops/core_errors.h"
 #include "classes/tensor_args.h"
+#include "core/staged_tables.h"
+#include "ops/core_errors.h"
 
 namespace ukv::ops {
 namespace {
-
-// Integer options of KvManagerConfig by name; unknown names are refused.
-const std::map<std::string, std::function<void(KvManagerConfig&, int64_t)>>& option_setters() {
-  static const std::map<std::string, std::function<void(KvManagerConfig&, int64_t)>> setters = {
-      {"block_size", [](KvManagerConfig& c, int64_t v) { c.block_size = v; }},
-      {"window", [](KvManagerConfig& c, int64_t v) { c.window = v; }},
-      {"mtp_k", [](KvManagerConfig& c, int64_t v) { c.mtp_k = v; }},
-      {"max_num_batched_tokens", [](KvManagerConfig& c, int64_t v) { c.max_num_batched_tokens = v; }},
-      {"enable_prefix_caching", [](KvManagerConfig& c, int64_t v) { c.enable_prefix_caching = v != 0; }},
-      {"unified", [](KvManagerConfig& c, int64_t v) { c.unified = v != 0; }},
-      {"num_logical_blocks", [](KvManagerConfig& c, int64_t v) { c.num_logical_blocks = v; }},
-      {"num_swa_blocks", [](KvManagerConfig& c, int64_t v) { c.num_swa_blocks = v; }},
-      {"full_retain", [](KvManagerConfig& c, int64_t v) { c.full_retain = v != 0; }},
-      {"retention_interval", [](KvManagerConfig& c, int64_t v) { c.retention_interval = v; }},
-      {"max_num_seqs", [](KvManagerConfig& c, int64_t v) { c.max_num_seqs = v; }},
-      {"max_blocks_per_seq", [](KvManagerConfig& c, int64_t v) { c.max_blocks_per_seq = v; }},
-      {"borrow_unreleased_swa", [](KvManagerConfig& c, int64_t v) { c.borrow_unreleased_swa = v != 0; }},
-  };
-  return setters;
-}
-
-KvManagerConfig make_config(const c10::Dict<std::string, int64_t>& options, std::vector<int64_t> ks,
-                            std::vector<int64_t> type_slots, double checkpoint_frac) {
-  KvManagerConfig c;
-  for (const auto& entry : options) {
-    const auto it = option_setters().find(entry.key());
-    if (it == option_setters().end()) {
-      std::string known;
-      for (const auto& kv : option_setters()) known += (known.empty() ? "" : ", ") + kv.first;
-      TORCH_CHECK_VALUE(false, "KvManager: unknown option '", entry.key(), "' (known: ", known, ")");
-    }
-    it->second(c, entry.value());
-  }
-  c.compress_ks = std::move(ks);
-  c.type_slots = std::move(type_slots);
-  c.checkpoint_frac = checkpoint_frac;
-  return c;
-}
 
 std::optional<at::Device> parse_device(const std::string& device) {
   if (device.empty()) return std::nullopt;
@@ -64,11 +24,11 @@ decltype(auto) KvManagerHolder::locked(F&& fn) {
   return translate_core_errors(std::forward<F>(fn));
 }
 
-KvManagerHolder::KvManagerHolder(c10::Dict<std::string, int64_t> options, std::vector<int64_t> compress_ks,
-                                 std::vector<int64_t> type_slots, double checkpoint_frac, std::string device)
+KvManagerHolder::KvManagerHolder(std::vector<int64_t> config, std::vector<int64_t> pools, std::string device)
     : device_(std::move(device)) {
-  const KvManagerConfig cfg = make_config(options, std::move(compress_ks), std::move(type_slots), checkpoint_frac);
-  manager_ = translate_core_errors([&] { return std::make_unique<KvManager>(cfg); });
+  manager_ = translate_core_errors([&] {
+    return std::make_unique<KvManager>(decode_record<ServeConfig>(config), decode_record<PoolSizes>(pools));
+  });
   make_stager();
 }
 
@@ -79,8 +39,8 @@ KvManagerHolder::KvManagerHolder(std::unique_ptr<KvManager> manager, std::string
 
 void KvManagerHolder::make_stager() {
   const auto& c = manager_->config();
-  stager_ = std::make_unique<TableStager>(c.max_num_seqs, 2 + manager_->num_types(), c.max_blocks_per_seq,
-                                          parse_device(device_));
+  const StagedTablesShape shape = staged_tables_shape(c);
+  stager_ = std::make_unique<TableStager>(shape.rows, shape.tables, shape.cols, parse_device(device_));
 }
 
 int64_t KvManagerHolder::can_allocate(const at::Tensor& tokens) {
@@ -166,8 +126,9 @@ void KvManagerHolder::stage(const at::Tensor& seq_ids) {
     const at::Tensor& host = stager_->host();
     auto* base = host.data_ptr<int32_t>();
     const int64_t table_stride = host.stride(1), row_stride = host.stride(0);
-    StagingView view{base, base + table_stride, {}, row_stride};
-    for (int64_t t = 0; t < manager_->num_types(); ++t) view.phys.push_back(base + (2 + t) * table_stride);
+    StagingView view{base + kLogicalTable * table_stride, base + kSwaTable * table_stride, {}, row_stride};
+    for (int64_t t = 0; t < manager_->config().num_phys_tables(); ++t)
+      view.phys.push_back(base + phys_table_index(t) * table_stride);
     manager_->stage(ids.data_ptr<int64_t>(), ids.numel(), view);
   });
 }
@@ -212,7 +173,7 @@ c10::Dict<std::string, int64_t> KvManagerHolder::stats() {
       d.insert("swa_evictions", c->counters().swa_evictions);
       d.insert("unreleased_borrows", c->counters().unreleased_borrows);
       for (int64_t t = 0; t < c->num_types(); ++t) {
-        const std::string p = "type" + std::to_string(t) + "_";
+        const std::string p = "ratio" + std::to_string(manager_->config().compress_ratios[static_cast<size_t>(t)]) + "_";
         d.insert(p + "free_blocks", c->free_compress_blocks(t));
         d.insert(p + "borrows", c->pool(t).counters().borrows);
       }
@@ -221,23 +182,12 @@ c10::Dict<std::string, int64_t> KvManagerHolder::stats() {
   });
 }
 
-c10::Dict<std::string, int64_t> KvManagerHolder::config() {
+std::vector<int64_t> KvManagerHolder::config() { return locked([&] { return encode_record(manager_->config()); }); }
+std::vector<int64_t> KvManagerHolder::pools() { return locked([&] { return encode_record(manager_->pools()); }); }
+
+c10::Dict<std::string, int64_t> KvManagerHolder::quota_bounds() {
   return locked([&] {
-    const auto& c = manager_->config();
     c10::Dict<std::string, int64_t> d;
-    d.insert("block_size", c.block_size);
-    d.insert("window", c.window);
-    d.insert("mtp_k", c.mtp_k);
-    d.insert("max_num_batched_tokens", c.max_num_batched_tokens);
-    d.insert("enable_prefix_caching", c.enable_prefix_caching);
-    d.insert("unified", c.unified);
-    d.insert("num_logical_blocks", c.num_logical_blocks);
-    d.insert("num_swa_blocks", c.num_swa_blocks);
-    d.insert("full_retain", c.full_retain);
-    d.insert("retention_interval", c.retention_interval);
-    d.insert("max_num_seqs", c.max_num_seqs);
-    d.insert("max_blocks_per_seq", c.max_blocks_per_seq);
-    d.insert("borrow_unreleased_swa", c.borrow_unreleased_swa);
     d.insert("tail_blocks", manager_->tail_blocks());
     d.insert("prefill_quota_bound", manager_->prefill_quota_bound());
     d.insert("decode_quota_bound", manager_->decode_quota_bound());
@@ -245,7 +195,6 @@ c10::Dict<std::string, int64_t> KvManagerHolder::config() {
   });
 }
 
-std::vector<int64_t> KvManagerHolder::compress_ks() { return locked([&] { return manager_->config().compress_ks; }); }
 void KvManagerHolder::check_invariants() { locked([&] { manager_->check_invariants(); }); }
 
 std::tuple<std::vector<int64_t>, std::string> KvManagerHolder::get_state() {

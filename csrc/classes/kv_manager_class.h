@@ -21,8 +21,8 @@ namespace ukv::ops {
 
 class KvManagerHolder : public torch::CustomClassHolder {
  public:
-  KvManagerHolder(c10::Dict<std::string, int64_t> options, std::vector<int64_t> compress_ks,
-                  std::vector<int64_t> type_slots, double checkpoint_frac, std::string device);
+  // config and pools: a serialised ServeConfig and PoolSizes (core/record.h).
+  KvManagerHolder(std::vector<int64_t> config, std::vector<int64_t> pools, std::string device);
   KvManagerHolder(std::unique_ptr<KvManager> manager, std::string device);
 
   int64_t can_allocate(const at::Tensor& tokens);
@@ -52,8 +52,9 @@ class KvManagerHolder : public torch::CustomClassHolder {
 
   std::vector<std::tuple<int64_t, int64_t, int64_t, bool>> take_events();
   c10::Dict<std::string, int64_t> stats();
-  c10::Dict<std::string, int64_t> config();
-  std::vector<int64_t> compress_ks();
+  std::vector<int64_t> config();
+  std::vector<int64_t> pools();
+  c10::Dict<std::string, int64_t> quota_bounds();
   void check_invariants();
 
   std::tuple<std::vector<int64_t>, std::string> get_state();

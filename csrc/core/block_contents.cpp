@@ -50,38 +50,40 @@ void BlockContents::check_invariants(const char* what) const {
                         " hash map entry for block ", id, " is stale");
 }
 
-void BlockContents::append_block(std::vector<int64_t>& st, int64_t id) const {
+void BlockContents::write_block(StateWriter& w, int64_t id) const {
   const auto i = static_cast<size_t>(id);
-  st.insert(st.end(), {has_hash_[i], static_cast<int64_t>(hash_[i])});
+  w.put(has_hash_[i]);
+  w.put(static_cast<int64_t>(hash_[i]));
   if (!has_hash_[i]) return;
-  const auto first = tokens_.begin() + static_cast<std::ptrdiff_t>(i * static_cast<size_t>(block_size_));
-  st.insert(st.end(), first, first + static_cast<std::ptrdiff_t>(block_size_));
+  for (int64_t t = 0; t < block_size_; ++t) w.put(tokens_[i * static_cast<size_t>(block_size_) + static_cast<size_t>(t)]);
 }
 
-void BlockContents::load_block(int64_t id, const std::function<int64_t()>& next) {
+void BlockContents::read_block(StateReader& r, int64_t id) {
   const auto i = static_cast<size_t>(id);
-  has_hash_[i] = static_cast<uint8_t>(next() != 0);
-  hash_[i] = static_cast<uint64_t>(next());
+  has_hash_[i] = static_cast<uint8_t>(r.flag("has_hash"));
+  hash_[i] = static_cast<uint64_t>(r.next());
   if (!has_hash_[i]) return;
   for (int64_t t = 0; t < block_size_; ++t)
-    tokens_[i * static_cast<size_t>(block_size_) + static_cast<size_t>(t)] = static_cast<int32_t>(next());
+    tokens_[i * static_cast<size_t>(block_size_) + static_cast<size_t>(t)] = static_cast<int32_t>(r.next());
 }
 
-void BlockContents::append_map(std::vector<int64_t>& st) const {
+void BlockContents::write_map(StateWriter& w) const {
   std::vector<std::pair<uint64_t, int32_t>> entries(by_hash_.begin(), by_hash_.end());
   std::sort(entries.begin(), entries.end());  // a canonical order: equal states serialise equally
-  st.push_back(static_cast<int64_t>(entries.size()));
-  for (const auto& [h, id] : entries) st.insert(st.end(), {static_cast<int64_t>(h), id});
+  w.put(static_cast<int64_t>(entries.size()));
+  for (const auto& [h, id] : entries) {
+    w.put(static_cast<int64_t>(h));
+    w.put(id);
+  }
 }
 
-void BlockContents::load_map(const std::function<int64_t()>& next, const char* what) {
+void BlockContents::read_map(StateReader& r, const char* what) {
   by_hash_.clear();
-  const int64_t n = next();
-  require(n >= 0 && n <= num_blocks_, "KvManager state: bad ", what, " hash-map size ", n);
+  const int64_t n = r.count(num_blocks_, "hash-map entry");
   for (int64_t j = 0; j < n; ++j) {
-    const auto h = static_cast<uint64_t>(next());
-    const int64_t id = next();
-    require(id >= 0 && id < num_blocks_, "KvManager state: bad ", what, " hash-map block ", id);
+    const auto h = static_cast<uint64_t>(r.next());
+    const int64_t id = r.next();
+    r.check(id >= 0 && id < num_blocks_, "bad ", what, " hash-map block ", id);
     by_hash_[h] = static_cast<int32_t>(id);
   }
 }

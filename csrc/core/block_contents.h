@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/state_io.h"
+
 namespace ukv {
 
 class BlockContents {
@@ -35,10 +37,10 @@ class BlockContents {
   // Throws StateError naming `what` when a map entry is stale.
   void check_invariants(const char* what) const;
   // Per block: has_hash, hash and (when hashed) the tokens; then the map, sorted.
-  void append_block(std::vector<int64_t>& st, int64_t id) const;
-  void load_block(int64_t id, const std::function<int64_t()>& next);
-  void append_map(std::vector<int64_t>& st) const;
-  void load_map(const std::function<int64_t()>& next, const char* what);
+  void write_block(StateWriter& w, int64_t id) const;
+  void read_block(StateReader& r, int64_t id);
+  void write_map(StateWriter& w) const;
+  void read_map(StateReader& r, const char* what);
 
  private:
   int64_t num_blocks_, block_size_;

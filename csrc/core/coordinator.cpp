@@ -1,6 +1,7 @@
 #include "core/coordinator.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/batch.h"
 #include "core/errors.h"
@@ -292,79 +293,79 @@ void Coordinator::check_invariants() const {
   require<StateError>(held == held_swa_, "held-SWA counter");
 }
 
-std::vector<int64_t> Coordinator::to_state() const {
-  std::vector<int64_t> st = {num_swa_base_, block_size_, num_types(), borrow_unreleased_swa_};
-  for (const auto& p : pools_) st.insert(st.end(), {p.k(), p.num_slots()});
+void Coordinator::write_state(StateWriter& w) const {
+  for (int64_t v : {num_swa_base_, block_size_, num_types(), static_cast<int64_t>(borrow_unreleased_swa_)}) w.put(v);
   for (const auto& p : pools_) {
-    const auto ps = p.to_state();
-    st.push_back(static_cast<int64_t>(ps.size()));
-    st.insert(st.end(), ps.begin(), ps.end());
+    w.put(p.k());
+    w.put(p.num_slots());
   }
+  for (const auto& p : pools_) p.write_state(w);
   for (int64_t s = 0; s < num_swa_base_; ++s) {
-    st.push_back(static_cast<int64_t>(swa_state_[static_cast<size_t>(s)]));
-    st.push_back(cached_[static_cast<size_t>(s)]);
+    w.put(static_cast<int64_t>(swa_state_[static_cast<size_t>(s)]));
+    w.put(cached_[static_cast<size_t>(s)]);
   }
-  const auto order = swa_free_.to_vector();
-  st.push_back(static_cast<int64_t>(order.size()));
-  st.insert(st.end(), order.begin(), order.end());
-  st.push_back(static_cast<int64_t>(evicted_.size()));
-  st.insert(st.end(), evicted_.begin(), evicted_.end());
-  st.insert(st.end(), {counters_.swa_allocs, counters_.swa_frees, counters_.swa_claims, counters_.swa_evictions,
-                       counters_.unreleased_borrows});
+  w.put_vec(swa_free_.to_vector());
+  w.put_vec(std::vector<int64_t>(evicted_.begin(), evicted_.end()));
+  for (int64_t v : {counters_.swa_allocs, counters_.swa_frees, counters_.swa_claims, counters_.swa_evictions,
+                    counters_.unreleased_borrows})
+    w.put(v);
+}
+
+std::vector<int64_t> Coordinator::to_state() const {
+  std::vector<int64_t> st;
+  StateWriter w(st);
+  begin_state(w, StateKind::Coordinator);
+  write_state(w);
   return st;
 }
 
-Coordinator Coordinator::from_state(const std::vector<int64_t>& st) {
-  size_t i = 0;
-  auto next = [&]() -> int64_t {
-    require(i < st.size(), "Coordinator state is truncated");
-    return st[i++];
-  };
-  const int64_t base = next(), bs = next(), ntypes = next(), borrow_unreleased = next();
-  require(ntypes >= 0 && ntypes <= 64, "Coordinator state: bad type count ", ntypes);
-  require(borrow_unreleased == 0 || borrow_unreleased == 1, "Coordinator state: bad borrow_unreleased_swa flag ",
-          borrow_unreleased);
+Coordinator Coordinator::read_state(StateReader& r) {
+  const int64_t base = r.next(), bs = r.next(), ntypes = r.in_range(0, 64, "type count");
+  const bool borrow_unreleased = r.flag("borrow_unreleased_swa");
   std::vector<CompressTypeSpec> specs;
-  for (int64_t t = 0; t < ntypes; ++t) specs.push_back({next(), next()});
-  Coordinator c(base, specs, bs, borrow_unreleased != 0);
-  for (auto& p : c.pools_) {
-    const int64_t len = next();
-    require(len >= 0 && i + static_cast<size_t>(len) <= st.size(), "Coordinator state: bad pool state length");
-    std::vector<int64_t> ps(st.begin() + static_cast<std::ptrdiff_t>(i), st.begin() + static_cast<std::ptrdiff_t>(i + len));
-    i += static_cast<size_t>(len);
-    p = TypePool::from_state(ps);
+  for (int64_t t = 0; t < ntypes; ++t) {
+    const int64_t k = r.next();
+    specs.push_back({k, r.next()});
   }
+  Coordinator c(base, specs, bs, borrow_unreleased);  // validates the sizes
+  for (auto& p : c.pools_) p = TypePool::read_state(r);
   c.held_swa_ = 0;
   for (int64_t s = 0; s < base; ++s) {
-    const int64_t state = next(), cached = next();
-    require(state >= 0 && state <= 2 && (cached == 0 || cached == 1), "Coordinator state: bad SWA slot record");
-    c.swa_state_[static_cast<size_t>(s)] = static_cast<SwaState>(state);
-    c.cached_[static_cast<size_t>(s)] = static_cast<uint8_t>(cached);
-    c.held_swa_ += state == static_cast<int64_t>(SwaState::Held);
+    const auto state = static_cast<SwaState>(r.in_range(0, 2, "SWA slot state"));
+    c.swa_state_[static_cast<size_t>(s)] = state;
+    c.cached_[static_cast<size_t>(s)] = static_cast<uint8_t>(r.flag("SWA slot cached"));
+    c.held_swa_ += state == SwaState::Held;
     int32_t busy = 0;
     for (const auto& p : c.pools_) busy += p.owner(s) == SlotOwner::Compress;
     c.busy_[static_cast<size_t>(s)] = busy;
   }
   c.swa_free_ = SlotList(base);
   c.unreleased_ = SlotList(base);
-  const int64_t nfree = next();
-  require(nfree >= 0 && nfree <= base, "Coordinator state: bad SWA free-list length");
-  for (int64_t j = 0; j < nfree; ++j) {
-    const int64_t s = next();
-    require(s >= 0 && s < base && !c.swa_free_.contains(s), "Coordinator state: bad SWA free-list member ", s);
+  for (int64_t s : r.vec<int64_t>(base, "SWA free-list")) {
+    r.check(s >= 0 && s < base && !c.swa_free_.contains(s), "bad SWA free-list member ", s);
     c.swa_free_.push_back(s);
     if (c.swa_state_[static_cast<size_t>(s)] == SwaState::Available) c.unreleased_.push_back(s);
   }
-  const int64_t nevicted = next();
-  require(nevicted >= 0, "Coordinator state: bad eviction queue length");
-  for (int64_t j = 0; j < nevicted; ++j) c.evicted_.push_back(next());
-  c.counters_ = {next(), next(), next(), next(), next()};
-  require(i == st.size(), "Coordinator state has ", st.size() - i, " trailing values");
+  // A slot may be evicted again before the queue is taken: no bound but the state's length.
+  for (int64_t s : r.vec<int64_t>(std::numeric_limits<int64_t>::max(), "eviction queue")) {
+    r.check(s >= 0 && s < base, "bad evicted slot ", s);
+    c.evicted_.push_back(s);
+  }
+  for (int64_t* v : {&c.counters_.swa_allocs, &c.counters_.swa_frees, &c.counters_.swa_claims,
+                     &c.counters_.swa_evictions, &c.counters_.unreleased_borrows})
+    *v = r.next();
   try {
     c.check_invariants();
   } catch (const StateError& e) {
-    throw InvalidArgument(std::string("Coordinator state is inconsistent: ") + e.what());
+    throw InvalidArgument(r.what() + " is inconsistent: " + e.what());
   }
+  return c;
+}
+
+Coordinator Coordinator::from_state(const std::vector<int64_t>& st) {
+  StateReader r = open_state(st, StateKind::Coordinator);
+  Coordinator c = read_state(r);
+  r.finish();
   return c;
 }
 

@@ -114,6 +114,9 @@ class Coordinator {
 
   std::vector<int64_t> to_state() const;
   static Coordinator from_state(const std::vector<int64_t>& state);
+  // The same without the header, inside an enclosing object's state.
+  void write_state(StateWriter& w) const;
+  static Coordinator read_state(StateReader& r);
 
  private:
   enum class SwaState : uint8_t { Available = 0, Held = 1, Released = 2 };

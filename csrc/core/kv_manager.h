@@ -37,28 +37,12 @@
 #include "core/coordinator.h"
 #include "core/kv_events.h"
 #include "core/logical_blocks.h"
+#include "core/pool_sizes.h"
+#include "core/serve_config.h"
 #include "core/swa_blocks.h"
 
 namespace ukv {
 
-struct KvManagerConfig {
-  int64_t block_size = 128;
-  int64_t window = 128;                  // sliding window in tokens; 0 = no SWA pool
-  int64_t mtp_k = 0;                     // speculative tokens per decode step
-  int64_t max_num_batched_tokens = 8192;
-  bool enable_prefix_caching = true;
-  bool unified = true;                   // false: the upstream static split
-  int64_t num_logical_blocks = 0;
-  int64_t num_swa_blocks = 0;
-  std::vector<int64_t> compress_ks = {32, 1};  // rows per block of each compress type
-  std::vector<int64_t> type_slots;       // unified: slots per type; empty = slot_counts()
-  bool borrow_unreleased_swa = false;    // unified: compress may borrow SWA slots SWA never used
-  bool full_retain = false;              // SWA materialises whole prefill chunks
-  int64_t retention_interval = 0;        // tokens between sparse SWA checkpoints (full_retain)
-  double checkpoint_frac = 0.5;          // fraction of SWA blocks checkpoints may pin
-  int64_t max_num_seqs = 256;            // staging rows
-  int64_t max_blocks_per_seq = 1024;     // staging columns; longest sequence in blocks
-};
 
 // Host memory the manager writes a batch's tables into (the torch layer owns
 // it: pinned buffers mirrored on the device). Each table is row-major
@@ -83,12 +67,14 @@ struct KvManagerStats {
 
 class KvManager {
  public:
-  explicit KvManager(KvManagerConfig config);
+  // Validates both (InvalidArgument naming the field) before building anything.
+  KvManager(const ServeConfig& config, const PoolSizes& pools);
   KvManager(const KvManager&) = delete;  // the coordinator's listener points at this object
   KvManager& operator=(const KvManager&) = delete;
 
-  const KvManagerConfig& config() const { return cfg_; }
-  int64_t num_types() const { return static_cast<int64_t>(cfg_.compress_ks.size()); }
+  const ServeConfig& config() const { return serve_; }
+  const PoolSizes& pools() const { return pools_; }
+  int64_t num_types() const { return serve_.num_types(); }
   int64_t tail_blocks() const { return tail_blocks_; }
   // SWA quota bounds: a prefilling sequence, a decoding one (window + 2 speculative spans).
   int64_t prefill_quota_bound() const { return prefill_peak_; }
@@ -188,7 +174,7 @@ class KvManager {
   // A sequence decodes once its prompt is computed and the token sampled
   // after it was committed; from then on num_tokens == num_computed + 1.
   static bool is_decoding(const Sequence& s) { return static_cast<int64_t>(s.tokens.size()) > s.num_prompt; }
-  int64_t blocks_for(int64_t tokens) const { return ceil_div(tokens, cfg_.block_size); }
+  int64_t blocks_for(int64_t tokens) const { return ceil_div(tokens, serve_.block_size); }
   int64_t quota_for(int64_t num_blocks, bool decoding) const {
     return std::min(decoding ? decode_peak_ : prefill_peak_, num_blocks);
   }
@@ -237,8 +223,12 @@ class KvManager {
   void publish_full_blocks(Sequence& s);
   void free_out_of_window(Sequence& s, int64_t seq_len);
   void write_row(const Sequence& s, int64_t row, int64_t from, const StagingView& view);
+  void write_sequence(StateWriter& w, int64_t id, const Sequence& s) const;
+  void read_sequence(StateReader& r);
 
-  KvManagerConfig cfg_;
+  ServeConfig serve_;
+  PoolSizes pools_;                 // type_slots resolved (slot_counts when it was empty)
+  std::vector<int64_t> ks_;         // rows per block of each compress type
   int64_t tail_blocks_ = 0, retention_blocks_ = 0, prefill_peak_ = 0, decode_peak_ = 0;
   std::unique_ptr<Coordinator> coord_;
   LogicalBlocks logical_;

@@ -1,57 +1,90 @@
 // Planning the KV layout from a byte budget: how many SWA slots, logical
-// compress blocks and rows per layer tensor fit, for the static split, the
-// unified pool with upstream sizing (flag-on capacity == flag-off), and the
-// unified pool with elastic sizing (the logical block space covers every
-// compress block the tensors can physically hold, so slots SWA leaves idle
-// serve compress). Per-logical-block side pools (the CSA indexer) are charged.
-// Every row count comes from sizing.h, the source the allocator uses too.
+// compress blocks and rows per layer tensor fit, for each layout of
+// ServeConfig: the static split, the unified pool with upstream sizing
+// (flag-on capacity == flag-off), and the unified pool with elastic sizing
+// (the logical block space covers every compress block the tensors can
+// physically hold, so slots SWA leaves idle serve compress). Per-logical-block
+// side pools (the CSA indexer) are charged. Every row count comes from
+// sizing.h, the source the allocator uses too.
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <vector>
+
+#include "core/pool_sizes.h"
+#include "core/record.h"
+#include "core/serve_config.h"
 
 namespace ukv {
 
+// The model's KV shapes, per layer and per row.
 struct ModelKvSpec {
-  std::vector<int64_t> compress_ratios;  // one per layer: 4 CSA, 128 HCA, 0 dense (MTP layers included)
+  std::vector<int64_t> layer_ratios;     // one per layer: 4 CSA, 128 HCA, 0 dense (MTP layers included)
   int64_t head_dim = 512;
   int64_t kv_elem_bytes = 1;             // fp8 1, bf16 2
-  int64_t rope_head_dim = 0;             // separate rope plane (fp8 mode: 64); 0 = none
+  int64_t rope_head_dim = 64;            // separate rope plane (fp8 mode); 0 = none
   int64_t rope_elem_bytes = 2;
-  int64_t indexer_bytes_per_block = 0;   // per CSA (ratio 4) layer and logical block: 32 x 144 for V4
+  int64_t indexer_bytes_per_block = 32 * 144;  // per CSA (ratio 4) layer and logical block
+
+  template <class Self, class Visitor>
+  static void visit_fields(Self& m, Visitor&& v) {
+    v.integers("layer_ratios", m.layer_ratios,
+               "compress ratio of every layer, MTP/draft layers included: 4 CSA, 128 HCA, 0 dense");
+    v.integer("head_dim", m.head_dim, "latent (NoPE) row width in elements");
+    v.integer("kv_elem_bytes", m.kv_elem_bytes, "bytes per NoPE element: fp8 1, bf16 2");
+    v.integer("rope_head_dim", m.rope_head_dim, "width of the separate RoPE plane (fp8 mode); 0 = none");
+    v.integer("rope_elem_bytes", m.rope_elem_bytes, "bytes per RoPE element");
+    v.integer("indexer_bytes_per_block", m.indexer_bytes_per_block,
+              "CSA indexer bytes per CSA layer and logical block (32 entries x 144 bytes for V4); 0 = none");
+  }
 };
 
-struct ServeSpec {
-  int64_t block_size = 128;
-  int64_t window = 128;
-  int64_t mtp_k = 0;
-  int64_t max_num_seqs = 256;
-  // The SWA blocks one step's prefill chunks may span beyond the decode
-  // windows: ceil(max_num_batched_tokens / block_size) when given, else
-  // upstream's fixed 64 (8192 tokens at block 128), whatever the engine's
-  // real token budget.
-  std::optional<int64_t> max_num_batched_tokens;
-  bool full_retain = false;       // SWA gets swa_budget_frac of the budget instead of the window formula
-  double swa_budget_frac = 0.2;
-};
-
-enum class PlanMode : int64_t { StaticSplit = 0, UnifiedUpstream = 1, UnifiedElastic = 2 };
-
+// What a byte budget holds under one configuration: the pools the manager
+// gets and the rows of every layer tensor (sizing.h, as the pools use).
 struct KvPlan {
-  PlanMode mode;
-  int64_t num_swa_blocks = 0;
-  int64_t num_logical_blocks = 0;
-  std::vector<int64_t> compress_ks;  // one per compress type, in ascending ratio order
-  std::vector<int64_t> type_slots;   // unified: slots of each type's tensor; empty for the static split
+  ServeConfig config;
+  ModelKvSpec model;
+  PoolSizes pools;
+  int64_t budget_bytes = 0;
   std::vector<int64_t> layer_rows;   // one per layer
   int64_t kv_bytes = 0, rope_bytes = 0, indexer_bytes = 0, total_bytes = 0;
   int64_t swa_block_bytes = 0;         // one SWA block across all layers
   int64_t compressed_block_bytes = 0;  // one logical block across all compressed layers + indexer
+
+  template <class Self, class Visitor>
+  static void visit_fields(Self& p, Visitor&& v) {
+    v.record("config", p.config, "the serving parameters the plan was made for");
+    v.record("model", p.model, "the model's KV shapes");
+    v.record("pools", p.pools, "the manager's pools (KvManager(plan) takes them)");
+    v.integer("budget_bytes", p.budget_bytes, "the byte budget planned for");
+    v.integers("layer_rows", p.layer_rows, "rows of every layer's unified_kv tensor");
+    v.integer("kv_bytes", p.kv_bytes, "bytes of the NoPE planes");
+    v.integer("rope_bytes", p.rope_bytes, "bytes of the RoPE planes");
+    v.integer("indexer_bytes", p.indexer_bytes, "bytes of the CSA indexer pool");
+    v.integer("total_bytes", p.total_bytes, "all of it: never more than budget_bytes");
+    v.integer("swa_block_bytes", p.swa_block_bytes, "bytes of one SWA block across all layers");
+    v.integer("compressed_block_bytes", p.compressed_block_bytes,
+              "bytes of one logical block across all compressed layers and the indexer");
+  }
 };
 
+void validate(const ModelKvSpec& m);
 // Throws InvalidArgument when the inputs are out of domain or not even the
 // SWA region fits the budget.
-KvPlan plan_kv_layout(int64_t budget_bytes, const ModelKvSpec& model, const ServeSpec& serve, PlanMode mode);
+KvPlan plan_kv_layout(int64_t budget_bytes, const ModelKvSpec& model, const ServeConfig& config);
+
+template <>
+struct RecordTraits<ModelKvSpec> {
+  static constexpr const char* name = "ModelKvSpec";
+  static constexpr StateKind kind = StateKind::ModelKvSpec;
+  static void validate(const ModelKvSpec& m) { ukv::validate(m); }
+};
+
+template <>
+struct RecordTraits<KvPlan> {
+  static constexpr const char* name = "KvPlan";
+  static constexpr StateKind kind = StateKind::KvPlan;
+  static void validate(const KvPlan&) {}  // made by plan_kv_layout, read back only
+};
 
 }  // namespace ukv

@@ -64,38 +64,30 @@ void LogicalBlocks::check_invariants() const {
   contents_.check_invariants("logical");
 }
 
-void LogicalBlocks::append_state(std::vector<int64_t>& st) const {
-  st.push_back(num_blocks());
+void LogicalBlocks::write_state(StateWriter& w) const {
+  w.put(num_blocks());
   for (int64_t id = 0; id < num_blocks(); ++id) {
-    st.push_back(ref_[static_cast<size_t>(id)]);
-    for (const auto& b : binding_) st.push_back(b[static_cast<size_t>(id)]);
-    contents_.append_block(st, id);
+    w.put(ref_[static_cast<size_t>(id)]);
+    for (const auto& b : binding_) w.put(b[static_cast<size_t>(id)]);
+    contents_.write_block(w, id);
   }
-  const auto order = free_.to_vector();
-  st.push_back(static_cast<int64_t>(order.size()));
-  st.insert(st.end(), order.begin(), order.end());
-  contents_.append_map(st);
+  w.put_vec(free_.to_vector());
+  contents_.write_map(w);
 }
 
-void LogicalBlocks::load_state(const std::vector<int64_t>& st, size_t& pos) {
-  const std::function<int64_t()> next = [&]() -> int64_t {
-    require(pos < st.size(), "KvManager state is truncated (logical blocks)");
-    return st[pos++];
-  };
-  require(next() == num_blocks(), "KvManager state: logical block count differs from the configuration");
+void LogicalBlocks::read_state(StateReader& r) {
+  r.check(r.next() == num_blocks(), "the logical block count differs from the configuration");
   for (int64_t id = 0; id < num_blocks(); ++id) {
-    ref_[static_cast<size_t>(id)] = static_cast<int32_t>(next());
-    for (auto& b : binding_) b[static_cast<size_t>(id)] = static_cast<int32_t>(next());
-    contents_.load_block(id, next);
+    ref_[static_cast<size_t>(id)] = static_cast<int32_t>(r.in_range(0, INT32_MAX, "logical block ref"));
+    for (auto& b : binding_) b[static_cast<size_t>(id)] = static_cast<int32_t>(r.in_range(-1, INT32_MAX, "binding"));
+    contents_.read_block(r, id);
   }
   free_ = SlotList(num_blocks());
-  const int64_t nfree = next();
-  for (int64_t j = 0; j < nfree; ++j) {
-    const int64_t id = next();
-    require(id >= 0 && id < num_blocks() && !free_.contains(id), "KvManager state: bad free block ", id);
+  for (int64_t id : r.vec<int64_t>(num_blocks(), "free logical block")) {
+    r.check(id >= 0 && id < num_blocks() && !free_.contains(id), "bad free block ", id);
     free_.push_back(id);
   }
-  contents_.load_map(next, "logical");
+  contents_.read_map(r, "logical");
 }
 
 }  // namespace ukv

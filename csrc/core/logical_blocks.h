@@ -58,8 +58,8 @@ class LogicalBlocks {
   bool is_bound(int64_t id) const { return binding_.empty() || binding(0, id) >= 0; }
 
   void check_invariants() const;
-  void append_state(std::vector<int64_t>& st) const;
-  void load_state(const std::vector<int64_t>& st, size_t& pos);
+  void write_state(StateWriter& w) const;
+  void read_state(StateReader& r);
 
  private:
   void forget(int64_t id, std::vector<KvEvent>& events);

@@ -90,48 +90,30 @@ void SwaBlocks::check_invariants() const {
   if (static_pool_) static_pool_->check_invariants();
 }
 
-void SwaBlocks::append_state(std::vector<int64_t>& st) const {
-  st.push_back(num_blocks());
+void SwaBlocks::write_state(StateWriter& w) const {
+  w.put(num_blocks());
   for (int64_t id = 0; id < num_blocks(); ++id) {
-    st.push_back(ref_[static_cast<size_t>(id)]);
-    contents_.append_block(st, id);
+    w.put(ref_[static_cast<size_t>(id)]);
+    contents_.write_block(w, id);
   }
-  contents_.append_map(st);
-  const auto pins = lru_.to_vector();
-  st.push_back(static_cast<int64_t>(pins.size()));
-  st.insert(st.end(), pins.begin(), pins.end());
-  if (static_pool_) {
-    const auto ps = static_pool_->to_state();
-    st.push_back(static_cast<int64_t>(ps.size()));
-    st.insert(st.end(), ps.begin(), ps.end());
-  }
+  contents_.write_map(w);
+  w.put_vec(lru_.to_vector());
+  if (static_pool_) static_pool_->write_state(w);
 }
 
-void SwaBlocks::load_state(const std::vector<int64_t>& st, size_t& pos) {
-  const std::function<int64_t()> next = [&]() -> int64_t {
-    require(pos < st.size(), "KvManager state is truncated (SWA blocks)");
-    return st[pos++];
-  };
-  require(next() == num_blocks(), "KvManager state: SWA block count differs from the configuration");
+void SwaBlocks::read_state(StateReader& r) {
+  r.check(r.next() == num_blocks(), "the SWA block count differs from the configuration");
   for (int64_t id = 0; id < num_blocks(); ++id) {
-    ref_[static_cast<size_t>(id)] = static_cast<int32_t>(next());
-    contents_.load_block(id, next);
+    ref_[static_cast<size_t>(id)] = static_cast<int32_t>(r.in_range(0, INT32_MAX, "SWA block ref"));
+    contents_.read_block(r, id);
   }
-  contents_.load_map(next, "SWA");
+  contents_.read_map(r, "SWA");
   lru_ = SlotList(num_blocks());
-  const int64_t npins = next();
-  for (int64_t j = 0; j < npins; ++j) {
-    const int64_t id = next();
-    require(id >= 0 && id < num_blocks() && !lru_.contains(id), "KvManager state: bad pinned SWA block ", id);
+  for (int64_t id : r.vec<int64_t>(num_blocks(), "pinned SWA block")) {
+    r.check(id >= 0 && id < num_blocks() && !lru_.contains(id), "bad pinned SWA block ", id);
     lru_.push_back(id);
   }
-  if (static_pool_) {
-    const int64_t len = next();
-    require(len >= 0 && pos + static_cast<size_t>(len) <= st.size(), "KvManager state: bad SWA pool state");
-    *static_pool_ = TypePool::from_state(std::vector<int64_t>(st.begin() + static_cast<std::ptrdiff_t>(pos),
-                                                              st.begin() + static_cast<std::ptrdiff_t>(pos + len)));
-    pos += static_cast<size_t>(len);
-  }
+  if (static_pool_) *static_pool_ = TypePool::read_state(r);
 }
 
 }  // namespace ukv

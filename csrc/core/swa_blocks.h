@@ -45,8 +45,8 @@ class SwaBlocks {
   void clear_cache();
 
   void check_invariants() const;
-  void append_state(std::vector<int64_t>& st) const;
-  void load_state(const std::vector<int64_t>& st, size_t& pos);
+  void write_state(StateWriter& w) const;
+  void read_state(StateReader& r);
 
  private:
   int64_t source_alloc();

@@ -276,46 +276,39 @@ void TypePool::check_invariants() const {
   require<StateError>(open_free == open_free_blocks_, "open free-block counter");
 }
 
+void TypePool::write_state(StateWriter& w) const {
+  for (int64_t v : {num_slots_, k_, block_size_, shared_slots_}) w.put(v);
+  for (SlotOwner o : owner_) w.put(static_cast<int64_t>(o));
+  for (const SlotList* list : {&own_free_, &shared_free_, &open_}) w.put_vec(list->to_vector());
+  for (uint64_t word : free_subs_) w.put(static_cast<int64_t>(word));
+  for (int64_t v : {counters_.swa_allocs, counters_.swa_frees, counters_.compress_allocs, counters_.compress_frees,
+                    counters_.borrows})
+    w.put(v);
+}
+
 std::vector<int64_t> TypePool::to_state() const {
-  std::vector<int64_t> st = {num_slots_, k_, block_size_, shared_slots_};
-  for (SlotOwner o : owner_) st.push_back(static_cast<int64_t>(o));
-  for (const SlotList* list : {&own_free_, &shared_free_, &open_}) {
-    const auto ids = list->to_vector();
-    st.push_back(static_cast<int64_t>(ids.size()));
-    st.insert(st.end(), ids.begin(), ids.end());
-  }
-  for (uint64_t w : free_subs_) st.push_back(static_cast<int64_t>(w));
-  st.insert(st.end(), {counters_.swa_allocs, counters_.swa_frees, counters_.compress_allocs,
-                       counters_.compress_frees, counters_.borrows});
+  std::vector<int64_t> st;
+  StateWriter w(st);
+  begin_state(w, StateKind::TypePool);
+  write_state(w);
   return st;
 }
 
-TypePool TypePool::from_state(const std::vector<int64_t>& st) {
-  size_t i = 0;
-  auto next = [&]() -> int64_t {
-    require(i < st.size(), "TypePool state is truncated");
-    return st[i++];
-  };
-  const int64_t n = next(), k = next(), bs = next(), shared = next();
-  TypePool p(n, k, bs, shared);
-  for (int64_t s = 0; s < n; ++s) {
-    const int64_t o = next();
-    require(o >= 0 && o <= 3, "TypePool state: bad slot owner ", o);
-    p.owner_[static_cast<size_t>(s)] = static_cast<SlotOwner>(o);
-  }
+TypePool TypePool::read_state(StateReader& r) {
+  const int64_t n = r.next(), k = r.next(), bs = r.next(), shared = r.next();
+  TypePool p(n, k, bs, shared);  // validates the sizes
+  for (int64_t s = 0; s < n; ++s) p.owner_[static_cast<size_t>(s)] = static_cast<SlotOwner>(r.in_range(0, 3, "slot owner"));
   for (SlotList* list : {&p.own_free_, &p.shared_free_, &p.open_}) {
     *list = SlotList(n);
-    const int64_t len = next();
-    require(len >= 0 && len <= n, "TypePool state: bad list length");
-    for (int64_t j = 0; j < len; ++j) {
-      const int64_t id = next();
-      require(id >= 0 && id < n && !list->contains(id), "TypePool state: bad list member ", id);
+    for (int64_t id : r.vec<int64_t>(n, "free-list")) {
+      r.check(id >= 0 && id < n && !list->contains(id), "bad list member ", id);
       list->push_back(id);
     }
   }
-  for (auto& w : p.free_subs_) w = static_cast<uint64_t>(next());
-  p.counters_ = {next(), next(), next(), next(), next()};
-  require(i == st.size(), "TypePool state has ", st.size() - i, " trailing values");
+  for (auto& word : p.free_subs_) word = static_cast<uint64_t>(r.next());
+  for (int64_t* c : {&p.counters_.swa_allocs, &p.counters_.swa_frees, &p.counters_.compress_allocs,
+                     &p.counters_.compress_frees, &p.counters_.borrows})
+    *c = r.next();
   // Derived counters, then a full consistency check of what was loaded.
   std::fill(std::begin(p.held_), std::end(p.held_), 0);
   p.open_free_blocks_ = 0;
@@ -330,8 +323,15 @@ TypePool TypePool::from_state(const std::vector<int64_t>& st) {
   try {
     p.check_invariants();
   } catch (const StateError& e) {
-    throw InvalidArgument(std::string("TypePool state is inconsistent: ") + e.what());
+    throw InvalidArgument(r.what() + " is inconsistent: " + e.what());
   }
+  return p;
+}
+
+TypePool TypePool::from_state(const std::vector<int64_t>& st) {
+  StateReader r = open_state(st, StateKind::TypePool);
+  TypePool p = read_state(r);
+  r.finish();
   return p;
 }
 

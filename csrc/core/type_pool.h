@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/slot_list.h"
+#include "core/state_io.h"
 
 namespace ukv {
 
@@ -100,6 +101,9 @@ class TypePool {
   // Exact state as int64s; from_state(to_state()) continues identically.
   std::vector<int64_t> to_state() const;
   static TypePool from_state(const std::vector<int64_t>& state);
+  // The same without the header, inside an enclosing object's state.
+  void write_state(StateWriter& w) const;
+  static TypePool read_state(StateReader& r);
 
  private:
   void check_slot(int64_t slot, const char* what) const;

@@ -140,11 +140,8 @@ class ArgChecker {
 
 }  // namespace
 
-kernels::CsaTranslatePackParams check_csa_translate_pack(
-    c10::DeviceType device_type, const at::Tensor& topk_local, const at::Tensor& block_table,
-    const at::Tensor& positions, const at::Tensor& batch_id, const at::Tensor& kv_indptr,
-    const std::optional<at::Tensor>& skip_per_token, const at::Tensor& kv_indices, int64_t compress_base,
-    int64_t window, int64_t compress_ratio, int64_t block_size) {
+kernels::CsaTranslatePackParams check(c10::DeviceType device_type, const CsaTranslatePack::Args& a) {
+  UKV_CSA_TRANSLATE_PACK_ARGS(UKV_OP_ARG_BIND)
   ArgChecker c("csa_translate_pack", device_type);
   kernels::CsaTranslatePackParams p{};
   p.num_tokens = c.num_tokens(batch_id);
@@ -173,12 +170,8 @@ kernels::CsaTranslatePackParams check_csa_translate_pack(
   return p;
 }
 
-kernels::PagedDecodeParams check_paged_decode_indices(
-    c10::DeviceType device_type, const at::Tensor& swa_block_table, const at::Tensor& positions,
-    const at::Tensor& batch_id, const at::Tensor& swa_indptr, const at::Tensor& swa_indices,
-    const std::optional<at::Tensor>& csa_indptr, const std::optional<at::Tensor>& csa_indices,
-    const std::optional<at::Tensor>& hca_indptr, const std::optional<at::Tensor>& hca_indices, int64_t window,
-    int64_t block_size) {
+kernels::PagedDecodeParams check(c10::DeviceType device_type, const PagedDecodeIndices::Args& a) {
+  UKV_PAGED_DECODE_INDICES_ARGS(UKV_OP_ARG_BIND)
   ArgChecker c("paged_decode_indices", device_type);
   kernels::PagedDecodeParams p{};
   p.num_tokens = c.num_tokens(batch_id);
@@ -199,10 +192,8 @@ kernels::PagedDecodeParams check_paged_decode_indices(
   return p;
 }
 
-kernels::HcaDecodeParams check_hca_decode_indices(
-    c10::DeviceType device_type, const at::Tensor& hca_block_table, const at::Tensor& batch_id,
-    const at::Tensor& n_committed_hca, const at::Tensor& hca_indptr, const at::Tensor& hca_indices,
-    int64_t compress_base, int64_t compress_ratio, int64_t block_size) {
+kernels::HcaDecodeParams check(c10::DeviceType device_type, const HcaDecodeIndices::Args& a) {
+  UKV_HCA_DECODE_INDICES_ARGS(UKV_OP_ARG_BIND)
   ArgChecker c("hca_decode_indices", device_type);
   kernels::HcaDecodeParams p{};
   p.num_tokens = c.num_tokens(batch_id);
@@ -216,13 +207,8 @@ kernels::HcaDecodeParams check_hca_decode_indices(
   return p;
 }
 
-kernels::PagedPrefillParams check_paged_prefill_indices(
-    c10::DeviceType device_type, const at::Tensor& positions, const at::Tensor& batch_id, const at::Tensor& chunk_start,
-    const at::Tensor& query_start, const at::Tensor& n_committed_hca, const at::Tensor& swa_block_table,
-    const at::Tensor& hca_block_table, const at::Tensor& extend_indptr, const at::Tensor& swa_indptr,
-    const at::Tensor& csa_indptr, const at::Tensor& hca_indptr, const at::Tensor& extend_indices,
-    const at::Tensor& swa_indices, const at::Tensor& csa_indices, const at::Tensor& hca_indices,
-    int64_t compress_base, int64_t window, int64_t compress_ratio, int64_t block_size) {
+kernels::PagedPrefillParams check(c10::DeviceType device_type, const PagedPrefillIndices::Args& a) {
+  UKV_PAGED_PREFILL_INDICES_ARGS(UKV_OP_ARG_BIND)
   ArgChecker c("paged_prefill_indices", device_type);
   kernels::PagedPrefillParams p{};
   p.num_tokens = c.num_tokens(batch_id);
@@ -247,11 +233,8 @@ kernels::PagedPrefillParams check_paged_prefill_indices(
   return p;
 }
 
-kernels::DecodeMetadataParams check_decode_index_metadata(
-    c10::DeviceType device_type, const at::Tensor& positions, const at::Tensor& batch_id,
-    const at::Tensor& n_committed_csa, const at::Tensor& n_committed_hca, const at::Tensor& swa_indptr,
-    const at::Tensor& csa_indptr, const at::Tensor& hca_indptr, int64_t window, int64_t index_topk,
-    int64_t csa_ratio) {
+kernels::DecodeMetadataParams check(c10::DeviceType device_type, const DecodeIndexMetadata::Args& a) {
+  UKV_DECODE_INDEX_METADATA_ARGS(UKV_OP_ARG_BIND)
   ArgChecker c("decode_index_metadata", device_type);
   kernels::DecodeMetadataParams p{};
   p.num_tokens = c.num_tokens(batch_id);
@@ -269,11 +252,8 @@ kernels::DecodeMetadataParams check_decode_index_metadata(
   return p;
 }
 
-kernels::PrefillMetadataParams check_prefill_index_metadata(
-    c10::DeviceType device_type, const at::Tensor& positions, const at::Tensor& batch_id, const at::Tensor& chunk_start,
-    const at::Tensor& n_committed_csa, const at::Tensor& n_committed_hca, const at::Tensor& extend_indptr,
-    const at::Tensor& swa_indptr, const at::Tensor& csa_indptr, const at::Tensor& hca_indptr,
-    const at::Tensor& prefix_swa_count, int64_t window, int64_t index_topk, int64_t csa_ratio, int64_t hca_ratio) {
+kernels::PrefillMetadataParams check(c10::DeviceType device_type, const PrefillIndexMetadata::Args& a) {
+  UKV_PREFILL_INDEX_METADATA_ARGS(UKV_OP_ARG_BIND)
   ArgChecker c("prefill_index_metadata", device_type);
   kernels::PrefillMetadataParams p{};
   p.num_tokens = c.num_tokens(batch_id);

@@ -13,15 +13,20 @@ namespace {
 
 constexpr int64_t kBs = 128;
 
-KvManagerConfig small_config(bool unified) {
-  KvManagerConfig c;
-  c.block_size = kBs;
-  c.window = 128;
-  c.num_logical_blocks = 32;
-  c.num_swa_blocks = 16;
-  c.unified = unified;
-  c.max_num_seqs = 8;
-  c.max_blocks_per_seq = 16;
+struct Config {
+  ServeConfig serve;
+  PoolSizes pools;
+};
+
+Config small_config(bool unified) {
+  Config c;
+  c.serve.block_size = kBs;
+  c.serve.window = 128;
+  c.serve.layout = unified ? KvLayout::Upstream : KvLayout::Static;
+  c.serve.max_num_seqs = 8;
+  c.serve.max_blocks_per_seq = 16;
+  c.pools.num_logical_blocks = 32;
+  c.pools.num_swa_blocks = 16;
   return c;
 }
 
@@ -51,7 +56,8 @@ void decode_step(KvManager& m, int64_t id) {
 class BothLayouts : public ::testing::TestWithParam<bool> {};
 
 TEST_P(BothLayouts, AllocatePrefillDecodeFree) {
-  KvManager m(small_config(GetParam()));
+  const Config c = small_config(GetParam());
+  KvManager m(c.serve, c.pools);
   const auto t = tokens(300, 1);  // 3 blocks
   EXPECT_EQ(m.allocate(1, t.data(), 300), 0);
   EXPECT_EQ(m.logical_table(1).size(), 3u);
@@ -79,7 +85,8 @@ TEST_P(BothLayouts, AllocatePrefillDecodeFree) {
 }
 
 TEST_P(BothLayouts, PrefixHitReusesBlocksAndTheirRows) {
-  KvManager m(small_config(GetParam()));
+  const Config c = small_config(GetParam());
+  KvManager m(c.serve, c.pools);
   const auto t = tokens(512, 2);  // 4 full blocks
   m.allocate(1, t.data(), 512);
   for (int c = 0; c < 4; ++c) chunk(m, 1, kBs);  // block-sized chunks write every SWA row
@@ -100,7 +107,8 @@ TEST_P(BothLayouts, PrefixHitReusesBlocksAndTheirRows) {
 }
 
 TEST_P(BothLayouts, OneChunkPrefillOnlyWritesTheWindow) {
-  KvManager m(small_config(GetParam()));
+  const Config c = small_config(GetParam());
+  KvManager m(c.serve, c.pools);
   const auto t = tokens(512, 2);
   m.allocate(1, t.data(), 512);
   prefill(m, 1, 0, t);  // window-only: SWA block 2 was never written
@@ -110,7 +118,8 @@ TEST_P(BothLayouts, OneChunkPrefillOnlyWritesTheWindow) {
 }
 
 TEST_P(BothLayouts, PartlyWrittenSwaBlocksAreNotPublished) {  // H7
-  KvManager m(small_config(GetParam()));
+  const Config c = small_config(GetParam());
+  KvManager m(c.serve, c.pools);
   const auto t = tokens(300, 3);
   m.allocate(1, t.data(), 300);
   prefill(m, 1, 0, t);  // SWA block 1 holds positions 172..255 only
@@ -123,7 +132,8 @@ TEST_P(BothLayouts, PartlyWrittenSwaBlocksAreNotPublished) {  // H7
 }
 
 TEST_P(BothLayouts, ErrorsLeaveStateUnchanged) {
-  KvManager m(small_config(GetParam()));
+  const Config c = small_config(GetParam());
+  KvManager m(c.serve, c.pools);
   const auto t = tokens(200, 4);
   m.allocate(1, t.data(), 200);
   const auto before = m.to_state();
@@ -146,7 +156,8 @@ TEST_P(BothLayouts, ErrorsLeaveStateUnchanged) {
 }
 
 TEST_P(BothLayouts, StateRoundTrip) {
-  KvManager m(small_config(GetParam()));
+  const Config c = small_config(GetParam());
+  KvManager m(c.serve, c.pools);
   const auto t = tokens(700, 6);
   m.allocate(1, t.data(), 700);
   prefill(m, 1, 0, t);
@@ -165,10 +176,10 @@ INSTANTIATE_TEST_SUITE_P(Layouts, BothLayouts, ::testing::Values(false, true),
 
 TEST(KvManager, AdmissionCountsSwaQuotaJointlyWithCompress) {
   // One shared slot only; CSA/HCA own regions hold exactly the logical blocks.
-  KvManagerConfig c = small_config(true);
-  c.num_swa_blocks = 4;
-  c.num_logical_blocks = 4;
-  KvManager m(c);
+  Config c = small_config(true);
+  c.pools.num_swa_blocks = 4;
+  c.pools.num_logical_blocks = 4;
+  KvManager m(c.serve, c.pools);
   const auto t = tokens(100, 1);
   EXPECT_EQ(m.prefill_quota_bound(), 4);  // two window spans of 2 blocks at block 128
   EXPECT_EQ(m.decode_quota_bound(), 2);   // window + 1 token: 2 blocks
@@ -178,24 +189,27 @@ TEST(KvManager, AdmissionCountsSwaQuotaJointlyWithCompress) {
 }
 
 TEST(KvManager, BadConfigurations) {
-  KvManagerConfig c = small_config(true);
-  c.window = 0;
-  EXPECT_THROW(KvManager{c}, InvalidArgument);  // window 0 with SWA blocks
+  Config c = small_config(true);
+  c.serve.window = 0;
+  EXPECT_THROW(KvManager(c.serve, c.pools), InvalidArgument);  // window 0 with SWA blocks
   c = small_config(true);
-  c.compress_ks = {48};
-  EXPECT_THROW(KvManager{c}, InvalidArgument);
+  c.serve.compress_ratios = {48};  // does not divide block_size
+  EXPECT_THROW(KvManager(c.serve, c.pools), InvalidArgument);
   c = small_config(true);
-  c.type_slots = {16, 16};  // HCA fine, CSA 16 slots * 4 = 64 >= 32 fine; but must cover SWA slots
-  EXPECT_NO_THROW(KvManager{c});
-  c.type_slots = {17, 16};
-  c.num_logical_blocks = 100;  // more logical blocks than CSA can hold
-  EXPECT_THROW(KvManager{c}, InvalidArgument);
+  c.pools.type_slots = {16, 16};  // HCA fine, CSA 16 slots * 4 = 64 >= 32 fine; but must cover SWA slots
+  EXPECT_NO_THROW(KvManager(c.serve, c.pools));
+  c.pools.type_slots = {17, 16};
+  c.pools.num_logical_blocks = 100;  // more logical blocks than CSA can hold
+  EXPECT_THROW(KvManager(c.serve, c.pools), InvalidArgument);
   c = small_config(false);
-  c.type_slots = {1, 1};
-  EXPECT_THROW(KvManager{c}, InvalidArgument);
-  c = small_config(false);
-  c.borrow_unreleased_swa = true;  // the static split has no shared slots
-  EXPECT_THROW(KvManager{c}, InvalidArgument);
+  c.pools.type_slots = {1, 1};
+  EXPECT_THROW(KvManager(c.serve, c.pools), InvalidArgument);
+  c = small_config(true);
+  c.serve.swa_page_tokens = 64;  // pages smaller than a block need the row-space layout
+  EXPECT_THROW(KvManager(c.serve, c.pools), InvalidArgument);
+  c = small_config(true);
+  c.serve.compress_ratios = {128, 4};  // types are named in ascending ratio order
+  EXPECT_THROW(KvManager(c.serve, c.pools), InvalidArgument);
 }
 
 // Elastic sizing: 68 logical blocks, CSA holds them in 16 SWA slots + 1 own
@@ -203,12 +217,12 @@ TEST(KvManager, BadConfigurations) {
 // long prompt in.
 TEST(KvManager, ElasticAdmissionBorrowsSwaSlotsSwaNeverUsed) {
   for (bool lend : {false, true}) {
-    KvManagerConfig c = small_config(true);
-    c.num_logical_blocks = 68;
-    c.type_slots = {17, 17};
-    c.max_blocks_per_seq = 64;
-    c.borrow_unreleased_swa = lend;
-    KvManager m(c);
+    Config c = small_config(true);
+    c.pools.num_logical_blocks = 68;
+    c.pools.type_slots = {17, 17};
+    c.serve.max_blocks_per_seq = 64;
+    c.serve.layout = lend ? KvLayout::Elastic : KvLayout::Upstream;
+    KvManager m(c.serve, c.pools);
     const auto t = tokens(40 * kBs, 1);
     EXPECT_EQ(m.allocate(1, t.data(), 40 * kBs), lend ? 0 : -1);
     if (!lend) continue;
@@ -220,7 +234,7 @@ TEST(KvManager, ElasticAdmissionBorrowsSwaSlotsSwaNeverUsed) {
     prefill(m, 1, 0, t);
     m.check_invariants();
     const auto copy = KvManager::from_state(m.to_state());
-    EXPECT_TRUE(copy->config().borrow_unreleased_swa);
+    EXPECT_EQ(copy->config().layout, KvLayout::Elastic);
     EXPECT_EQ(copy->to_state(), m.to_state());
   }
 }

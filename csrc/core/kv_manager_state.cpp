@@ -1,0 +1,212 @@
+// KvManager: the invariant check and the serialised state.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "core/errors.h"
+#include "core/kv_manager.h"
+
+namespace ukv {
+
+void KvManager::check_invariants() const {
+  if (coord_) coord_->check_invariants();
+  logical_.check_invariants();
+  if (swa_) swa_->check_invariants();
+  std::vector<int64_t> logical_refs(static_cast<size_t>(pools_.num_logical_blocks), 0);
+  std::vector<int64_t> swa_refs(static_cast<size_t>(swa_ ? pools_.num_swa_blocks : 0), 0);
+  int64_t quotas = 0;
+  for (const auto& [id, s] : seqs_) {
+    const size_t len = s.logical.size();
+    require<StateError>(s.swa.size() == len, "sequence ", id, ": SWA table not aligned with the logical table");
+    require<StateError>(static_cast<int64_t>(len) <= serve_.max_blocks_per_seq, "sequence ", id, " exceeds max_blocks_per_seq");
+    require<StateError>(static_cast<int64_t>(len) * serve_.block_size >= s.num_computed, "sequence ", id,
+                        ": computed tokens not covered by blocks");
+    require<StateError>(s.num_computed >= 0 && s.num_computed <= static_cast<int64_t>(s.tokens.size()), "sequence ",
+                        id, ": computed outside [0, known]");
+    int64_t held = 0;
+    for (size_t i = 0; i < len; ++i) {
+      const int32_t b = s.logical[i];
+      ++logical_refs[static_cast<size_t>(b)];
+      for (int64_t t = 0; t < num_types(); ++t) {
+        const int32_t p = s.phys[static_cast<size_t>(t)][i];
+        require<StateError>(p == (coord_ ? logical_.binding(t, b) : b), "sequence ", id, ": type ", t,
+                            " table entry ", i, " disagrees with the block's binding");
+      }
+      if (s.swa[i] >= 0) {
+        require<StateError>(swa_ != nullptr, "sequence ", id, " holds SWA blocks without an SWA pool");
+        ++swa_refs[static_cast<size_t>(s.swa[i])];
+        ++held;
+        require<StateError>(static_cast<int64_t>(i) >= s.swa_freed_upto, "sequence ", id, ": SWA entry ", i,
+                            " below the freed window");
+      }
+    }
+    require<StateError>(held == s.swa_held, "sequence ", id, ": SWA held counter");
+    require<StateError>(held <= s.swa_quota, "sequence ", id, " holds ", held, " SWA blocks, over its quota ",
+                        s.swa_quota);
+    require<StateError>(s.hashes.size() <= len, "sequence ", id, ": more hashes than blocks");
+    quotas += s.swa_quota;
+  }
+  for (int64_t b = 0; b < pools_.num_logical_blocks; ++b)
+    require<StateError>(logical_refs[static_cast<size_t>(b)] == logical_.ref(b), "logical block ", b, " ref ",
+                        logical_.ref(b), " != table occurrences ", logical_refs[static_cast<size_t>(b)]);
+  for (int64_t b = 0; b < static_cast<int64_t>(swa_refs.size()); ++b)
+    require<StateError>(swa_refs[static_cast<size_t>(b)] + swa_->is_pinned(b) == swa_->ref(b), "SWA block ", b,
+                        " ref ", swa_->ref(b), " != table occurrences + pin");
+  require<StateError>(swa_reserved_ == quotas + checkpoint_reserve(), "SWA reservation total");
+  if (swa_)
+    require<StateError>(swa_->free_slots() + swa_->held_slots() >= swa_reserved_, "SWA capacity ",
+                        swa_->free_slots() + swa_->held_slots(), " below the promised ", swa_reserved_);
+  if (!coord_) return;
+  std::vector<int32_t> live(static_cast<size_t>(pools_.num_swa_blocks), 0);
+  for (int64_t b = 0; b < pools_.num_logical_blocks; ++b) {
+    for (int64_t t = 0; t < num_types(); ++t) {
+      const int32_t p = logical_.binding(t, b);
+      if (p < 0) continue;
+      require<StateError>(owner_of_phys_[static_cast<size_t>(t)][static_cast<size_t>(p)] == b, "type ", t,
+                          " phys ", p, " reverse map");
+      require<StateError>(coord_->pool(t).compress_id_is_held(p), "type ", t, " phys ", p,
+                          " bound to logical block ", b, " but not held in its pool");
+      const int64_t slot = shared_slot_of(t, p);
+      if (slot >= 0 && logical_.ref(b) > 0) ++live[static_cast<size_t>(slot)];
+    }
+  }
+  for (int64_t t = 0; t < num_types(); ++t) {
+    const TypePool& pool = coord_->pool(t);
+    int64_t bound = 0;
+    for (int32_t owner : owner_of_phys_[static_cast<size_t>(t)]) bound += owner >= 0;
+    require<StateError>(bound == pool.num_compress_ids() - pool.free_compress_blocks() -
+                                     pool.held_slots(SlotOwner::Reserved) * pool.blocks_per_slot(),
+                        "type ", t, ": held compress blocks are not all bound (leak)");
+  }
+  for (int64_t slot = 0; slot < pools_.num_swa_blocks; ++slot) {
+    require<StateError>(live[static_cast<size_t>(slot)] == live_in_slot_[static_cast<size_t>(slot)], "shared slot ",
+                        slot, " live-binding count");
+    const bool reclaimable = coord_->compress_busy(slot) && live[static_cast<size_t>(slot)] == 0;
+    require<StateError>(reclaimable == reclaimable_.contains(slot), "shared slot ", slot, " reclaimable membership");
+  }
+}
+
+// ------------------------------------------------------------ serialization --
+
+void KvManager::write_sequence(StateWriter& w, int64_t id, const Sequence& s) const {
+  w.put(id);
+  w.put_vec(s.tokens);
+  for (int64_t v : {s.num_prompt, s.num_computed, s.swa_written_lo, s.swa_freed_upto, s.swa_quota, s.scheduled}) w.put(v);
+  w.put_vec(s.logical);
+  for (int32_t b : s.swa) w.put(b);
+  w.put_vec(s.hashes);
+}
+
+std::vector<int64_t> KvManager::to_state() const {
+  std::vector<int64_t> st;
+  StateWriter w(st);
+  begin_state(w, StateKind::KvManager);
+  ServeConfig::visit_fields(serve_, RecordWriter{w});
+  PoolSizes::visit_fields(pools_, RecordWriter{w});
+  if (coord_) {
+    coord_->write_state(w);
+    w.put_vec(reclaimable_.to_vector());
+  }
+  logical_.write_state(w);
+  if (swa_) swa_->write_state(w);
+  std::vector<int64_t> ids;
+  for (const auto& kv : seqs_) ids.push_back(kv.first);
+  std::sort(ids.begin(), ids.end());  // canonical order
+  w.put(static_cast<int64_t>(ids.size()));
+  for (int64_t id : ids) write_sequence(w, id, seqs_.at(id));
+  w.put(static_cast<int64_t>(events_.size()));
+  for (const auto& e : events_)
+    for (int64_t v : {static_cast<int64_t>(e.kind), static_cast<int64_t>(e.block_hash),
+                      static_cast<int64_t>(e.parent_hash), static_cast<int64_t>(e.has_parent)})
+      w.put(v);
+  for (int64_t v : {stats_.admissions, stats_.admission_refusals, stats_.appends, stats_.append_refusals,
+                    stats_.prefix_query_blocks, stats_.compressed_hit_blocks, stats_.prefix_hit_blocks,
+                    stats_.reclaimed_slots, stats_.reclaimed_blocks, stats_.compress_evictions})
+    w.put(v);
+  return st;
+}
+
+void KvManager::read_sequence(StateReader& r) {
+  const int64_t id = r.next();
+  r.check(!has_sequence(id), "sequence ", id, " appears twice");
+  Sequence s;
+  s.tokens = r.vec<int32_t>(serve_.max_blocks_per_seq * serve_.block_size + 1 + serve_.mtp_k, "token");
+  s.num_prompt = r.next();
+  s.num_computed = r.next();
+  s.swa_written_lo = r.next();
+  s.swa_freed_upto = r.next();
+  s.swa_quota = r.next();
+  s.scheduled = r.in_range(0, 1 + serve_.mtp_k, "scheduled count");
+  for (int64_t b : r.vec<int64_t>(serve_.max_blocks_per_seq, "block")) {
+    r.check(b >= 0 && b < pools_.num_logical_blocks, "bad logical block ", b);
+    s.logical.push_back(static_cast<int32_t>(b));
+  }
+  s.phys.resize(static_cast<size_t>(num_types()));
+  for (int64_t t = 0; t < num_types(); ++t)
+    for (int32_t b : s.logical) s.phys[static_cast<size_t>(t)].push_back(coord_ ? logical_.binding(t, b) : b);
+  for (size_t i = 0; i < s.logical.size(); ++i) {
+    const auto w = static_cast<int32_t>(r.in_range(-1, pools_.num_swa_blocks - 1, "SWA block"));
+    s.swa.push_back(w);
+    s.swa_held += w >= 0;
+  }
+  s.hashes = r.vec<uint64_t>(static_cast<int64_t>(s.logical.size()), "hash");
+  swa_reserved_ += s.swa_quota;
+  seqs_.emplace(id, std::move(s));
+}
+
+std::unique_ptr<KvManager> KvManager::from_state(const std::vector<int64_t>& st) {
+  StateReader r = open_state(st, StateKind::KvManager);
+  ServeConfig serve;
+  ServeConfig::visit_fields(serve, RecordReader{r});
+  PoolSizes pools;
+  PoolSizes::visit_fields(pools, RecordReader{r});
+  auto m = std::make_unique<KvManager>(serve, pools);  // validates both
+  if (m->coord_) {
+    *m->coord_ = Coordinator::read_state(r);
+    r.check(m->coord_->borrow_unreleased_swa() == (serve.layout == KvLayout::Elastic),
+            "the coordinator's borrow_unreleased_swa disagrees with the layout");
+    m->install_evict_listener();
+    m->reclaimable_ = SlotList(pools.num_swa_blocks);
+    for (int64_t slot : r.vec<int64_t>(pools.num_swa_blocks, "reclaimable slot")) {
+      r.check(slot >= 0 && slot < pools.num_swa_blocks && !m->reclaimable_.contains(slot), "bad reclaimable slot");
+      m->reclaimable_.push_back(slot);
+    }
+  }
+  m->logical_.read_state(r);
+  if (m->swa_) m->swa_->read_state(r);
+  const int64_t nseqs = r.count(std::numeric_limits<int64_t>::max(), "sequence");
+  for (int64_t k = 0; k < nseqs; ++k) m->read_sequence(r);
+  const int64_t nevents = r.count(std::numeric_limits<int64_t>::max(), "event");
+  for (int64_t k = 0; k < nevents; ++k) {
+    KvEvent e{static_cast<KvEventKind>(r.in_range(0, 2, "event kind"))};
+    e.block_hash = static_cast<uint64_t>(r.next());
+    e.parent_hash = static_cast<uint64_t>(r.next());
+    e.has_parent = r.flag("has_parent");
+    m->events_.push_back(e);
+  }
+  auto& sx = m->stats_;
+  for (int64_t* f : {&sx.admissions, &sx.admission_refusals, &sx.appends, &sx.append_refusals, &sx.prefix_query_blocks,
+                     &sx.compressed_hit_blocks, &sx.prefix_hit_blocks, &sx.reclaimed_slots, &sx.reclaimed_blocks,
+                     &sx.compress_evictions})
+    *f = r.next();
+  r.finish();
+  if (m->coord_) {  // derived maps: reverse bindings and live counts per shared slot
+    for (int64_t b = 0; b < pools.num_logical_blocks; ++b)
+      for (int64_t t = 0; t < m->num_types(); ++t) {
+        const int32_t p = m->logical_.binding(t, b);
+        if (p < 0) continue;
+        r.check(p < m->coord_->pool(t).num_compress_ids(), "bad binding ", p);
+        m->owner_of_phys_[static_cast<size_t>(t)][static_cast<size_t>(p)] = static_cast<int32_t>(b);
+        const int64_t slot = m->shared_slot_of(t, p);
+        if (slot >= 0 && m->logical_.ref(b) > 0) ++m->live_in_slot_[static_cast<size_t>(slot)];
+      }
+  }
+  try {
+    m->check_invariants();
+  } catch (const StateError& e) {
+    throw InvalidArgument(r.what() + " is inconsistent: " + e.what());
+  }
+  return m;
+}
+
+}  // namespace ukv

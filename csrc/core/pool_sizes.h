@@ -1,0 +1,46 @@
+// PoolSizes: how many blocks and slots a KV manager's pools hold, the part of
+// its configuration that a plan (kv_plan) derives from a byte budget rather
+// than the engine's serving parameters (ServeConfig).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/record.h"
+#include "core/serve_config.h"
+
+namespace ukv {
+
+struct PoolSizes {
+  int64_t num_logical_blocks = 0;
+  int64_t num_swa_blocks = 0;
+  std::vector<int64_t> type_slots;
+
+  // The fields, once, in their serialised order (core/record.h).
+  template <class Self, class Visitor>
+  static void visit_fields(Self& p, Visitor&& v) {
+    v.integer("num_logical_blocks", p.num_logical_blocks,
+              "logical compress blocks: the prefix-cache space shared by every compress layer and the indexer");
+    v.integer("num_swa_blocks", p.num_swa_blocks, "slot layouts: SWA blocks, one slot each in every layer tensor");
+    v.integers("type_slots", p.type_slots,
+               "unified slot layouts: slots of each compress type's tensor; empty = slot_counts(num_swa_blocks, "
+               "num_logical_blocks)");
+  }
+};
+
+
+// Ranges alone; validate(config, pools) checks them against a configuration.
+void validate(const PoolSizes& p);
+// Throws InvalidArgument naming the field; fills nothing in.
+void validate(const ServeConfig& c, const PoolSizes& p);
+// type_slots, or the default slot counts when it is empty (unified layouts).
+std::vector<int64_t> resolved_type_slots(const ServeConfig& c, const PoolSizes& p);
+
+template <>
+struct RecordTraits<PoolSizes> {
+  static constexpr const char* name = "PoolSizes";
+  static constexpr StateKind kind = StateKind::PoolSizes;
+  static void validate(const PoolSizes& p) { ukv::validate(p); }
+};
+
+}  // namespace ukv

@@ -1,0 +1,22 @@
+#include "core/staged_tables.h"
+
+#include "core/errors.h"
+
+namespace ukv {
+
+StagedTablesShape staged_tables_shape(const ServeConfig& c) {
+  return {c.max_num_seqs, phys_table_index(c.num_phys_tables()), c.table_cols()};
+}
+
+int64_t staged_table_index(const ServeConfig& c, const std::string& name) {
+  if (name == "logical") return kLogicalTable;
+  if (name == "swa") return kSwaTable;
+  for (int64_t t = 0; t < c.num_types(); ++t)
+    if (name == std::to_string(c.compress_ratios[static_cast<size_t>(t)])) return phys_table_index(t);
+  std::string known = "'logical', 'swa'";
+  for (int64_t r : c.compress_ratios) known += ", " + std::to_string(r);
+  throw InvalidArgument("table must be one of " + known + " (compress tables are named by their ratio), got '" +
+                        name + "'");
+}
+
+}  // namespace ukv
