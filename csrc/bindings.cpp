@@ -115,6 +115,8 @@ TORCH_LIBRARY(ukv, m) {
       .def("invalidate_staging", &KvManagerHolder::invalidate_staging)
       .def("host_tables", &KvManagerHolder::host_tables)
       .def("tables", &KvManagerHolder::tables)
+      .def("row_copies", &KvManagerHolder::row_copies)
+      .def("row_copy_counts", &KvManagerHolder::row_copy_counts)
       .def("take_events", &KvManagerHolder::take_events)
       .def("stats", &KvManagerHolder::stats)
       .def("config", &KvManagerHolder::config)
@@ -156,8 +158,9 @@ TORCH_LIBRARY(ukv, m) {
   for (const std::string& schema :
        {ukv::ops::CsaTranslatePack::schema(), ukv::ops::PagedDecodeIndices::schema(),
         ukv::ops::HcaDecodeIndices::schema(), ukv::ops::PagedPrefillIndices::schema(),
-        ukv::ops::DecodeIndexMetadata::schema(), ukv::ops::PrefillIndexMetadata::schema()})
+        ukv::ops::DecodeIndexMetadata::schema(), ukv::ops::PrefillIndexMetadata::schema(),
+        ukv::ops::SwaSlotMapping::schema(), ukv::ops::ApplyRowCopies::schema()})
     m.def(schema.c_str());
-  m.def("bind_compress_view(Tensor(a) unified_kv, *, int compress_base, int compress_ratio, int block_size) "
-        "-> Tensor(a)");
+  m.def("bind_compress_view(Tensor(a) unified_kv, *, int compress_base, int compress_ratio, int block_size, "
+        "int? block_stride=None) -> Tensor(a)");
 }

@@ -20,6 +20,7 @@ from .allocator import (  # noqa: E402
 from .batch_calls import BatchCalls  # noqa: E402
 from .manager import KvEventKind, KvManager, staged_tables_shape, table_index  # noqa: E402
 from .ops import (  # noqa: E402
+    apply_row_copies,
     bind_compress_view,
     csa_translate_pack,
     decode_index_metadata,
@@ -27,6 +28,7 @@ from .ops import (  # noqa: E402
     paged_decode_indices,
     paged_prefill_indices,
     prefill_index_metadata,
+    swa_slot_mapping,
 )
 from .planning import MODEL_PRESETS, plan_kv_layout  # noqa: E402
 from .records import KvPlan, ModelKvSpec, PoolSizes, ServeConfig  # noqa: E402
@@ -48,6 +50,7 @@ __all__ = [
     "UnifiedKvCoordinator",
     "UnifiedTypePool",
     "allocate_unified_kv",
+    "apply_row_copies",
     "bind_compress_view",
     "csa_translate_pack",
     "decode_index_metadata",
@@ -58,6 +61,7 @@ __all__ = [
     "prefill_index_metadata",
     "slot_counts",
     "staged_tables_shape",
+    "swa_slot_mapping",
     "table_index",
     "unified_slot_counts",
     "__version__",

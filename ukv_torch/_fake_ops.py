@@ -25,8 +25,13 @@ from ._eager import check_signature
 
 
 def _check_one_device(op, arguments):
-    """Every tensor argument on one device: the first non-meta one's, else meta."""
-    tensors = {name: t for name, t in arguments.items() if isinstance(t, torch.Tensor)}
+    """Every tensor argument (lists of tensors included) on one device: the first non-meta one's, else meta."""
+    tensors = {}
+    for name, value in arguments.items():
+        if isinstance(value, torch.Tensor):
+            tensors[name] = value
+        elif isinstance(value, (list, tuple)):
+            tensors.update((f"{name}[{i}]", t) for i, t in enumerate(value) if isinstance(t, torch.Tensor))
     devices = [t.device for t in tensors.values()]
     expected = next((d for d in devices if d.type != "meta"), devices[0] if devices else None)
     for name, t in tensors.items():
@@ -61,19 +66,20 @@ def _check_tokens(batch_id, per_token=(), indptrs=()):
 
 @_register_fake("csa_translate_pack")
 def _csa_translate_pack(topk_local, block_table, positions, batch_id, kv_indptr, kv_indices, *, compress_base,
-                        window=0, skip_per_token=None, compress_ratio=4, block_size):
+                        window=0, skip_per_token=None, compress_ratio=4, block_size, block_stride=None):
     _check_tokens(batch_id, per_token=(topk_local, positions, skip_per_token), indptrs=(kv_indptr,))
 
 
 @_register_fake("paged_decode_indices")
 def _paged_decode_indices(swa_block_table, positions, batch_id, swa_indptr, swa_indices, csa_indptr=None,
-                          csa_indices=None, hca_indptr=None, hca_indices=None, *, window, block_size):
+                          csa_indices=None, hca_indptr=None, hca_indices=None, *, window, block_size, swa_rows=None,
+                          csa_swa_rows=None, hca_swa_rows=None):
     _check_tokens(batch_id, per_token=(positions,), indptrs=(swa_indptr, csa_indptr, hca_indptr))
 
 
 @_register_fake("hca_decode_indices")
 def _hca_decode_indices(hca_block_table, batch_id, n_committed_hca, hca_indptr, hca_indices, *, compress_base,
-                        compress_ratio=128, block_size):
+                        compress_ratio=128, block_size, block_stride=None):
     _check_tokens(batch_id, indptrs=(hca_indptr,))
     torch._check(n_committed_hca.shape[0] == hca_block_table.shape[0],
                  lambda: "n_committed_hca needs one entry per block-table row")
@@ -83,7 +89,7 @@ def _hca_decode_indices(hca_block_table, batch_id, n_committed_hca, hca_indptr, 
 def _paged_prefill_indices(positions, batch_id, chunk_start, query_start, n_committed_hca, swa_block_table,
                            hca_block_table, extend_indptr, swa_indptr, csa_indptr, hca_indptr, extend_indices,
                            swa_indices, csa_indices, hca_indices, *, compress_base, window, compress_ratio=128,
-                           block_size):
+                           block_size, swa_rows=None, csa_swa_rows=None, hca_swa_rows=None, hca_block_stride=None):
     _check_tokens(batch_id, per_token=(positions,), indptrs=(extend_indptr, swa_indptr, csa_indptr, hca_indptr))
     num_seqs = swa_block_table.shape[0]
     for t in (hca_block_table, chunk_start, query_start, n_committed_hca):
@@ -106,3 +112,15 @@ def _prefill_index_metadata(positions, batch_id, chunk_start, n_committed_csa, n
                   indptrs=(extend_indptr, swa_indptr, csa_indptr, hca_indptr))
     for t in (n_committed_csa, n_committed_hca):
         torch._check(t.shape[0] == chunk_start.shape[0], lambda: "per-sequence tensors need one entry per sequence")
+
+
+@_register_fake("swa_slot_mapping")
+def _swa_slot_mapping(swa_block_table, positions, batch_id, slot_mapping, *, block_size, swa_rows=None):
+    _check_tokens(batch_id, per_token=(positions, slot_mapping))
+
+
+@_register_fake("apply_row_copies")
+def _apply_row_copies(planes, copies, copy_counts):
+    torch._check(copies.dim() == 2 and copies.shape[1] == 3, lambda: "copies must be [max_copies, 3]")
+    for plane in planes:
+        torch._check(plane.shape[0] == planes[0].shape[0], lambda: "every plane must have the same rows")

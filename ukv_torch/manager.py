@@ -170,6 +170,19 @@ class KvManager:
         return self.torch_object.tables()
 
     @property
+    def row_copies(self) -> torch.Tensor:
+        """Row-space layout: the staged unit moves, ``[max_copies, 3]`` int32
+        (source row, destination row, rows) grouped by phase, for
+        :func:`ukv_torch.apply_row_copies`; on the device after ``upload``.
+        Empty (0 rows) in the slot layouts."""
+        return self.torch_object.row_copies()
+
+    @property
+    def row_copy_counts(self) -> torch.Tensor:
+        """The number of :attr:`row_copies` of each phase (int32, one per phase)."""
+        return self.torch_object.row_copy_counts()
+
+    @property
     def host_tables(self) -> torch.Tensor:
         return self.torch_object.host_tables()
 

@@ -18,7 +18,7 @@ Each wrapper calls the registered op (through the eager fast path of
 - GPU calls enqueue one kernel on the current stream, allocate nothing and never
   synchronise: every op can be captured in a CUDA graph.
 """
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -31,6 +31,8 @@ __all__ = [
     "paged_prefill_indices",
     "decode_index_metadata",
     "prefill_index_metadata",
+    "swa_slot_mapping",
+    "apply_row_copies",
     "bind_compress_view",
 ]
 
@@ -49,19 +51,22 @@ def csa_translate_pack(
     skip_per_token: Optional[torch.Tensor] = None,
     compress_ratio: int = 4,
     block_size: int,
+    block_stride: Optional[int] = None,
 ) -> None:
     """Translate the indexer's top-k into unified_kv rows at the head of each CSA slice.
 
     ``topk_local[t, i]`` (``[T, index_topk]`` int32) is a sequence-local
-    compressed entry ``e``; it becomes ``compress_base + block_table[b, e // k] * k
-    + e % k`` with ``k = block_size // compress_ratio`` (32 for CSA). Only the
+    compressed entry ``e``; it becomes ``compress_base + block_table[b, e // k] *
+    block_stride + e % k`` with ``k = block_size // compress_ratio`` (32 for
+    CSA) and ``block_stride`` k by default (the row-space layout's envelope:
+    ``KvPlan.layer_block_strides``). Only the
     first ``valid_k = kv_indptr[t+1] - kv_indptr[t] - skip`` lanes are read as
     entries (the rest of a top-k row may be garbage), and they are written to
     ``kv_indices[kv_indptr[t]:kv_indptr[t] + valid_k]``; the slice tail is the
     SWA part. Decode: ``skip = min(pos + 1, window)`` with ``window > 0``.
     Prefill: ``skip = skip_per_token[t]`` (the prefix SWA count) and ``window=0``.
     Pass the physical CSA table in the unified layout, the logical one in the
-    static split.
+    static split, the envelope table in the row-space layout.
     """
 
 
@@ -79,16 +84,28 @@ def paged_decode_indices(
     *,
     window: int,
     block_size: int,
+    swa_rows: Optional[List[int]] = None,
+    csa_swa_rows: Optional[List[int]] = None,
+    hca_swa_rows: Optional[List[int]] = None,
 ) -> None:
     """Write each decode token's sliding window as unified_kv rows at its slice tails.
 
     The window is positions ``pos - n + 1 .. pos`` with ``n = min(pos + 1,
     window)``; position ``a`` is row ``swa_block_table[b, a // block_size] *
-    block_size + a % block_size``. The rows go to the last ``n`` cells of the
-    token's SWA slice (all of it) and, when given, of its CSA and HCA slices,
-    whose heads belong to :func:`csa_translate_pack` and
+    block_size + a % block_size`` in the slot layouts. The rows go to the last
+    ``n`` cells of the token's SWA slice (all of it) and, when given, of its
+    CSA and HCA slices, whose heads belong to :func:`csa_translate_pack` and
     :func:`hca_decode_indices`. Omit the CSA/HCA pairs for SWA-only (MTP draft)
     layers.
+
+    In the row-space layout each output's layer class has its own rows in an
+    SWA unit: ``swa_rows``, ``csa_swa_rows`` and ``hca_swa_rows`` are the five
+    constants ``[page tokens, unit rows, offset, group, group stride]`` of the
+    SWA (dense), CSA and HCA classes (``KvPlan.swa_rows(ratio)``), and the row
+    is ``unit * unit_rows + offset + (q // group) * group_stride + q % group``
+    with ``unit = swa_block_table[b, a // page]`` and ``q = a % page``. None is
+    the slot layouts' formula. A table entry of -1 (a page the sequence does
+    not hold) is read as unit 0.
     """
 
 
@@ -103,12 +120,15 @@ def hca_decode_indices(
     compress_base: int,
     compress_ratio: int = 128,
     block_size: int,
+    block_stride: Optional[int] = None,
 ) -> None:
     """Write the HCA section at the head of each decode token's HCA slice.
 
     For every entry ``e < n_committed_hca[b]`` (per sequence, as upstream
-    decode) the row is ``compress_base + hca_block_table[b, e // k] * k + e % k``
-    with ``k = block_size // compress_ratio`` (1 for HCA at block 128), written
+    decode) the row is ``compress_base + hca_block_table[b, e // k] *
+    block_stride + e % k`` with ``k = block_size // compress_ratio`` (1 for HCA
+    at block 128) and ``block_stride`` k by default (the envelope in the
+    row-space layout), written
     to ``hca_indices[hca_indptr[t] + e]``. The count is capped by the slice
     length and the table width. Upstream builds this on the host every step.
     """
@@ -136,6 +156,10 @@ def paged_prefill_indices(
     window: int,
     compress_ratio: int = 128,
     block_size: int,
+    swa_rows: Optional[List[int]] = None,
+    csa_swa_rows: Optional[List[int]] = None,
+    hca_swa_rows: Optional[List[int]] = None,
+    hca_block_stride: Optional[int] = None,
 ) -> None:
     """Fill the four prefill index buffers of a (chunked) prefill forward.
 
@@ -152,6 +176,10 @@ def paged_prefill_indices(
     - HCA: after the SWA prefix in the HCA slice, the rows of the first
       ``min((pos + 1) // compress_ratio, n_committed_hca[b])`` HCA entries, the
       per-token causal cap (upstream's H-e fix).
+
+    The row-space layout's constants are as in :func:`paged_decode_indices`
+    (the SWA prefix of each output in its class's rows) and
+    :func:`hca_decode_indices` (``hca_block_stride``).
     """
 
 
@@ -208,16 +236,56 @@ def prefill_index_metadata(
     """
 
 
+@schema_op
+def swa_slot_mapping(
+    swa_block_table: torch.Tensor,
+    positions: torch.Tensor,
+    batch_id: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    block_size: int,
+    swa_rows: Optional[List[int]] = None,
+) -> None:
+    """The SWA rows a step's new tokens are written at, for one layer class.
+
+    ``slot_mapping[t]`` (``[T]`` int32) becomes the row of ``positions[t]``
+    through ``swa_block_table`` and the class's ``swa_rows`` (see
+    :func:`paged_decode_indices`), relative to the layer's base row, or -1 for
+    a padding token and for a position whose page the table holds as -1: a
+    prefill chunk writes only the positions the manager gave pages, and an
+    SWA writer skips -1. One call per layer class serves every layer of it.
+    """
+
+
+@schema_op
+def apply_row_copies(planes: List[torch.Tensor], copies: torch.Tensor, copy_counts: torch.Tensor) -> None:
+    """Apply the row-space layout's unit moves to the KV planes, in place.
+
+    ``copies`` (``[max_copies, 3]`` int32: source row, destination row, rows)
+    and ``copy_counts`` (the copies of each phase) are
+    ``KvManager.row_copies`` / ``KvManager.row_copy_counts`` after
+    ``stage``/``upload``; every plane (NoPE, RoPE: ``[rows, width]``, any
+    dtype) gets the same row copies. Call it on the step's stream before any
+    kernel of the step reads or writes KV: the staged tables already point at
+    the new rows. Copies of one phase touch disjoint rows and phases run in
+    order (one kernel per phase); an entry outside the planes is skipped.
+    """
+
+
 def bind_compress_view(
-    unified_kv: torch.Tensor, *, compress_base: int, compress_ratio: int, block_size: int
+    unified_kv: torch.Tensor, *, compress_base: int, compress_ratio: int, block_size: int,
+    block_stride: Optional[int] = None,
 ) -> torch.Tensor:
     """The ``[N, k, head_dim]`` view a layer's main compressor writes through.
 
-    ``view[c, s]`` is row ``compress_base + c * k + s`` of ``unified_kv``
-    (``k = block_size // compress_ratio``): the whole tensor in the unified
-    layout (``compress_base=0``), the rows after the SWA region in the static
-    split. The result aliases ``unified_kv``; use it for the rope plane too.
+    ``view[c, s]`` is row ``compress_base + c * block_stride + s`` of
+    ``unified_kv`` (``k = block_size // compress_ratio``, ``block_stride`` k
+    by default): the whole tensor in the unified layout
+    (``compress_base=0``), the rows after the SWA region in the static split,
+    and in the row-space layout (the layer's view of the planes, ``block_stride``
+    the envelope) the layer's block of every envelope. The result aliases
+    ``unified_kv``; use it for the rope plane too.
     """
     return torch.ops.ukv.bind_compress_view.default(
-        unified_kv, compress_base=compress_base, compress_ratio=compress_ratio, block_size=block_size
-    )
+        unified_kv, compress_base=compress_base, compress_ratio=compress_ratio, block_size=block_size,
+        block_stride=block_stride)

@@ -184,6 +184,24 @@ class _KvPlanMethods:
     def compress_ks(self) -> Tuple[int, ...]:
         return self.config.compress_ks
 
+    def _first_layer(self, ratio: int) -> int:
+        if ratio not in self.model.layer_ratios:
+            raise ValueError(f"no layer has compress ratio {ratio} (layers: {self.model.layer_ratios})")
+        return self.model.layer_ratios.index(ratio)
+
+    def swa_rows(self, ratio: int) -> Tuple[int, ...]:
+        """The SWA row constants of the layers with this compress ratio (0: dense
+        layers), the ``swa_rows`` of the index ops: page tokens, unit rows,
+        offset, group, group stride. One set serves every layer of the class."""
+        i = self._first_layer(ratio)
+        return self.layer_swa_rows[5 * i: 5 * i + 5]
+
+    def compress_args(self, ratio: int) -> Dict[str, int]:
+        """``compress_base`` and ``block_stride`` of the index ops for the layers
+        with this compress ratio (the same for every layer of the class)."""
+        i = self._first_layer(ratio)
+        return {"compress_base": self.layer_compress_bases[i], "block_stride": self.layer_block_strides[i]}
+
 
 class _NoMethods:
     pass

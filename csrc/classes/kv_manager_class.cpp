@@ -40,7 +40,9 @@ KvManagerHolder::KvManagerHolder(std::unique_ptr<KvManager> manager, std::string
 void KvManagerHolder::make_stager() {
   const auto& c = manager_->config();
   const StagedTablesShape shape = staged_tables_shape(c);
-  stager_ = std::make_unique<TableStager>(shape.rows, shape.tables, shape.cols, parse_device(device_));
+  const RowSpace* rows = manager_->row_space();
+  stager_ = std::make_unique<TableStager>(shape.rows, shape.tables, shape.cols, rows ? rows->max_copies() : 0,
+                                          parse_device(device_));
 }
 
 int64_t KvManagerHolder::can_allocate(const at::Tensor& tokens) {
@@ -130,7 +132,27 @@ void KvManagerHolder::stage(const at::Tensor& seq_ids) {
     for (int64_t t = 0; t < manager_->config().num_phys_tables(); ++t)
       view.phys.push_back(base + phys_table_index(t) * table_stride);
     manager_->stage(ids.data_ptr<int64_t>(), ids.numel(), view);
+    stage_copies();
   });
+}
+
+// The row copies since the last stage, grouped by phase, with each phase's count.
+void KvManagerHolder::stage_copies() {
+  const std::vector<RowCopy> copies = manager_->take_copies();
+  auto* out = stager_->copies_host().data_ptr<int32_t>();
+  auto* counts = stager_->counts_host().data_ptr<int32_t>();
+  int64_t n = 0;
+  for (int32_t phase = 0; phase < RowSpace::kMaxCopyPhases; ++phase) {
+    counts[phase] = 0;
+    for (const RowCopy& c : copies) {
+      if (c.phase != phase) continue;
+      out[3 * n] = c.src_row;
+      out[3 * n + 1] = c.dst_row;
+      out[3 * n + 2] = c.rows;
+      ++n;
+      ++counts[phase];
+    }
+  }
 }
 
 void KvManagerHolder::upload(int64_t rows) { locked([&] { stager_->upload(rows); }); }
@@ -138,6 +160,8 @@ void KvManagerHolder::mark_uploaded() { locked([&] { stager_->mark_uploaded(); }
 void KvManagerHolder::invalidate_staging() { locked([&] { manager_->invalidate_staging(); }); }
 at::Tensor KvManagerHolder::host_tables() { return locked([&] { return stager_->host(); }); }
 at::Tensor KvManagerHolder::tables() { return locked([&] { return stager_->tables(); }); }
+at::Tensor KvManagerHolder::row_copies() { return locked([&] { return stager_->copies(); }); }
+at::Tensor KvManagerHolder::row_copy_counts() { return locked([&] { return stager_->copy_counts(); }); }
 
 std::vector<std::tuple<int64_t, int64_t, int64_t, bool>> KvManagerHolder::take_events() {
   return locked([&] {
@@ -169,6 +193,19 @@ c10::Dict<std::string, int64_t> KvManagerHolder::stats() {
     d.insert("reclaimed_slots", s.reclaimed_slots);
     d.insert("reclaimed_blocks", s.reclaimed_blocks);
     d.insert("compress_evictions", s.compress_evictions);
+    if (const RowSpace* r = manager_->row_space()) {
+      const RowSpaceCounters& rc = r->counters();
+      d.insert("live_envelopes", r->live_units(UnitKind::Envelope));
+      d.insert("cached_envelopes", r->cached_units(UnitKind::Envelope));
+      d.insert("live_swa_units", r->live_units(UnitKind::Swa));
+      d.insert("cached_swa_units", r->cached_units(UnitKind::Swa));
+      d.insert("unheld_rows", r->unheld_rows());
+      d.insert("envelope_evictions", rc.evictions[0]);
+      d.insert("swa_unit_evictions", rc.evictions[1]);
+      d.insert("envelope_moves", rc.moves[0]);
+      d.insert("swa_unit_moves", rc.moves[1]);
+      d.insert("moved_rows", rc.moved_rows);
+    }
     if (const Coordinator* c = manager_->coordinator()) {
       d.insert("swa_evictions", c->counters().swa_evictions);
       d.insert("unreleased_borrows", c->counters().unreleased_borrows);
@@ -188,7 +225,7 @@ std::vector<int64_t> KvManagerHolder::pools() { return locked([&] { return encod
 c10::Dict<std::string, int64_t> KvManagerHolder::quota_bounds() {
   return locked([&] {
     c10::Dict<std::string, int64_t> d;
-    d.insert("tail_blocks", manager_->tail_blocks());
+    d.insert("tail_pages", manager_->tail_pages());
     d.insert("prefill_quota_bound", manager_->prefill_quota_bound());
     d.insert("decode_quota_bound", manager_->decode_quota_bound());
     return d;

@@ -49,6 +49,8 @@ class KvManagerHolder : public torch::CustomClassHolder {
   void invalidate_staging();
   at::Tensor host_tables();
   at::Tensor tables();
+  at::Tensor row_copies();
+  at::Tensor row_copy_counts();
 
   std::vector<std::tuple<int64_t, int64_t, int64_t, bool>> take_events();
   c10::Dict<std::string, int64_t> stats();
@@ -64,6 +66,7 @@ class KvManagerHolder : public torch::CustomClassHolder {
  private:
   template <typename F> decltype(auto) locked(F&& fn);
   void make_stager();
+  void stage_copies();
 
   std::mutex mu_;
   std::unique_ptr<KvManager> manager_;

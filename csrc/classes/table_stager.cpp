@@ -2,6 +2,8 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "core/row_space.h"
+
 #ifdef UKV_WITH_GPU
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #endif
@@ -19,13 +21,22 @@ bool capturing() {
 
 }  // namespace
 
-TableStager::TableStager(int64_t max_num_seqs, int64_t num_tables, int64_t max_blocks_per_seq,
+TableStager::TableStager(int64_t max_num_seqs, int64_t num_tables, int64_t columns, int64_t max_copies,
                          std::optional<at::Device> device)
     : device_opt_(device) {
-  const std::vector<int64_t> shape = {max_num_seqs, num_tables, max_blocks_per_seq};
   const bool on_device = device.has_value() && !device->is_cpu();
-  host_ = at::zeros(shape, at::TensorOptions().dtype(at::kInt).pinned_memory(on_device));
-  if (on_device) device_ = at::zeros(shape, at::TensorOptions().dtype(at::kInt).device(*device));
+  const auto host_buffer = [&](std::vector<int64_t> shape) {
+    return at::zeros(shape, at::TensorOptions().dtype(at::kInt).pinned_memory(on_device));
+  };
+  const auto device_buffer = [&](std::vector<int64_t> shape) {
+    return on_device ? at::zeros(shape, at::TensorOptions().dtype(at::kInt).device(*device)) : at::Tensor();
+  };
+  host_ = host_buffer({max_num_seqs, num_tables, columns});
+  device_ = device_buffer({max_num_seqs, num_tables, columns});
+  copies_host_ = host_buffer({max_copies, 3});
+  copies_device_ = device_buffer({max_copies, 3});
+  counts_host_ = host_buffer({RowSpace::kMaxCopyPhases});
+  counts_device_ = device_buffer({RowSpace::kMaxCopyPhases});
 }
 
 void TableStager::wait_until_writable() {
@@ -42,8 +53,10 @@ void TableStager::record_on_current_stream() {
 void TableStager::upload(int64_t rows) {
   TORCH_CHECK_VALUE(rows >= 0 && rows <= host_.size(0), "upload: rows must be in [0, max_num_seqs=", host_.size(0),
                     "], got ", rows);
-  if (!device_.defined() || rows == 0) return;
-  device_.narrow(0, 0, rows).copy_(host_.narrow(0, 0, rows), /*non_blocking=*/true);
+  if (!device_.defined()) return;
+  if (rows > 0) device_.narrow(0, 0, rows).copy_(host_.narrow(0, 0, rows), /*non_blocking=*/true);
+  if (copies_host_.size(0) > 0) copies_device_.copy_(copies_host_, /*non_blocking=*/true);
+  counts_device_.copy_(counts_host_, /*non_blocking=*/true);
   if (!capturing()) record_on_current_stream();
 }
 

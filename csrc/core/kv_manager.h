@@ -38,6 +38,7 @@
 #include "core/kv_events.h"
 #include "core/logical_blocks.h"
 #include "core/pool_sizes.h"
+#include "core/row_space.h"
 #include "core/serve_config.h"
 #include "core/swa_blocks.h"
 
@@ -46,7 +47,9 @@ namespace ukv {
 
 // Host memory the manager writes a batch's tables into (the torch layer owns
 // it: pinned buffers mirrored on the device). Each table is row-major
-// [max_num_seqs, row_stride] int32; phys has one table per compress type.
+// [max_num_seqs, row_stride] int32; phys has one table per compress type
+// (one envelope table in the row-space layout). The SWA table has a column
+// per SWA page, the others one per block.
 struct StagingView {
   int32_t* logical;
   int32_t* swa;
@@ -75,8 +78,9 @@ class KvManager {
   const ServeConfig& config() const { return serve_; }
   const PoolSizes& pools() const { return pools_; }
   int64_t num_types() const { return serve_.num_types(); }
-  int64_t tail_blocks() const { return tail_blocks_; }
-  // SWA quota bounds: a prefilling sequence, a decoding one (window + 2 speculative spans).
+  // SWA pages a prefix hit needs present before its end (the trailing window).
+  int64_t tail_pages() const { return tail_pages_; }
+  // SWA quota bounds in pages: a prefilling sequence, a decoding one (window + 2 speculative spans).
   int64_t prefill_quota_bound() const { return prefill_peak_; }
   int64_t decode_quota_bound() const { return decode_peak_; }
   bool has_sequence(int64_t seq_id) const { return seqs_.count(seq_id) != 0; }
@@ -111,13 +115,21 @@ class KvManager {
 
   // --- tables ---
   const std::vector<int32_t>& logical_table(int64_t seq_id) const;
+  // The sequence's SWA pages, one entry per page (-1: none): the ids the
+  // manager knows them by (in the row-space layout, virtual pages).
   const std::vector<int32_t>& swa_table(int64_t seq_id) const;
-  const std::vector<int32_t>& phys_table(int64_t seq_id, int64_t type) const;  // static: logical
+  // The physical tables as staged: a compress type's blocks (the logical ids
+  // in the static split, envelopes in the row-space layout: type 0), and the
+  // SWA units of the pages.
+  std::vector<int32_t> phys_table(int64_t seq_id, int64_t type) const;
+  std::vector<int32_t> staged_swa_table(int64_t seq_id) const;
   int64_t num_computed(int64_t seq_id) const;
   int64_t num_tokens(int64_t seq_id) const;
-  // Writes rows 0..n-1 of every table for these sequences (SWA -1 written as
-  // 0, unused columns 0). Incremental: a row already holding a sequence gets
-  // only what changed since. Throws on unknown or repeated ids.
+  // Writes rows 0..n-1 of every table for these sequences (an SWA page the
+  // sequence does not hold is -1: the kernels that read SWA rows clamp it,
+  // and the write-row op skips its positions; unused columns 0).
+  // Incremental: a row already holding a sequence gets only what changed
+  // since (all of it after units moved). Throws on unknown or repeated ids.
   void stage(const int64_t* seq_ids, int64_t n, const StagingView& view);
   void invalidate_staging();  // the next stage() rewrites every row in full
 
@@ -129,6 +141,10 @@ class KvManager {
   int64_t swa_reserved() const { return swa_reserved_; }
   int64_t reclaimable_slots() const { return reclaimable_.size(); }
   const Coordinator* coordinator() const { return coord_.get(); }
+  const RowSpace* row_space() const { return rows_.get(); }
+  // Row-space layout: the row copies since the last call (units moved to make
+  // room), to apply before the step that reads the rows. Empty otherwise.
+  std::vector<RowCopy> take_copies() { return rows_ ? rows_->take_copies() : std::vector<RowCopy>{}; }
   const LogicalBlocks& logical_blocks() const { return logical_; }
 
   void check_invariants() const;
@@ -139,22 +155,23 @@ class KvManager {
   struct Sequence {
     std::vector<int32_t> tokens;
     int64_t num_prompt = 0, num_computed = 0;
-    std::vector<int32_t> logical, swa;
-    std::vector<std::vector<int32_t>> phys;
+    std::vector<int32_t> logical;
+    std::vector<int32_t> swa;        // one entry per page of the logical blocks
     std::vector<uint64_t> hashes;    // chain over the published blocks [0, hashes.size())
     int64_t swa_written_lo = 0;      // SWA rows of positions [lo, num_computed) are all written
-    int64_t swa_freed_upto = 0;      // entries [0, this) are window-freed (-1)
+    int64_t swa_freed_upto = 0;      // pages [0, this) are window-freed (-1)
     int64_t swa_quota = 0;
     int64_t swa_held = 0;
     int64_t scheduled = 0;           // positions the last append() scheduled, not yet committed
-    int64_t stage_row = -1, dirty_lo = 0;
+    int64_t stage_row = -1, dirty_lo = 0;  // dirty_lo: the first block column changed since staged
+    int64_t staged_moves = 0;        // row space: units moved before the last stage
     mutable uint64_t batch_mark = 0;  // == batch_mark_ while a batch call validates it
   };
   // The free logical blocks a true allocation takes, in free-list order.
   struct FreshBlocks {
     std::vector<int64_t> ids;
-    int64_t demand = 0;     // how many have no binding: new physical blocks per type
-    int64_t evicted = 0;    // cached bound blocks that stand in for never-bound ones
+    int64_t demand = 0;     // how many need room: new physical blocks per type (row space: all of them)
+    int64_t evicted = 0;    // cached bound blocks whose content is evicted for them
     int64_t cursor = -1;    // the next free-list block the walk has not looked at
   };
   using FitsFn = std::function<bool(const FreshBlocks&)>;
@@ -175,9 +192,11 @@ class KvManager {
   // after it was committed; from then on num_tokens == num_computed + 1.
   static bool is_decoding(const Sequence& s) { return static_cast<int64_t>(s.tokens.size()) > s.num_prompt; }
   int64_t blocks_for(int64_t tokens) const { return ceil_div(tokens, serve_.block_size); }
+  // SWA pages a sequence of this many blocks may hold at once.
   int64_t quota_for(int64_t num_blocks, bool decoding) const {
-    return std::min(decoding ? decode_peak_ : prefill_peak_, num_blocks);
+    return std::min(decoding ? decode_peak_ : prefill_peak_, num_blocks * ppb_);
   }
+  int64_t page_of(int64_t pos) const { return pos / page_; }
   int64_t checkpoint_reserve() const { return swa_ ? swa_->checkpoint_capacity() : 0; }
   bool capacity_ok(int64_t extra_quota, int64_t compress_demand, const std::vector<int64_t>& reclaim = {}) const;
   // Room now, or once the cached compress slots are reclaimed that stay
@@ -193,13 +212,18 @@ class KvManager {
   int64_t room_without_borrowing() const;
   bool settle_fresh(FreshBlocks& fresh, const std::vector<int64_t>& skip, const FitsFn& fits) const;
   bool choose_fresh(int64_t count, const std::vector<int64_t>& skip, const FitsFn& fits, FreshBlocks& fresh) const;
+  FreshBlocks choose_row_space_fresh(int64_t count, const std::vector<int64_t>& skip) const;
   int64_t plan_append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens, FreshBlocks& fresh,
                       int64_t& extra_quota) const;
   int64_t bounded_hit(const int32_t* tokens, int64_t hit, const std::vector<uint64_t>& hashes) const;
+  // The SWA page id cached for page j of a prefix with these block hashes, -1 if absent.
+  int64_t lookup_page(const int32_t* tokens, int64_t page, const std::vector<uint64_t>& hashes) const;
+  uint64_t page_hash(uint64_t block_hash, int64_t page) const;
   bool is_checkpoint(const Sequence& s, int64_t block) const;
 
   int64_t take_block(int64_t id);
   void bind_popped(const std::vector<int64_t>& ids);
+  void bind_envelopes(const std::vector<int64_t>& ids);
   void alloc_binding(int64_t type, int64_t id);
   void release_phys(int64_t type, int32_t phys);
   void free_binding(int64_t type, int64_t id);
@@ -211,7 +235,9 @@ class KvManager {
   int64_t shared_slot_of(int64_t type, int64_t phys) const;
 
   void require_distinct_known(const int64_t* seq_ids, int64_t n, const char* what) const;
-  int64_t missing_swa_blocks(const Sequence& s, int64_t num_new_tokens) const;
+  int64_t missing_swa_pages(const Sequence& s, int64_t num_new_tokens) const;
+  // Pages [first, last] of the sequence's positions written this chunk.
+  std::pair<int64_t, int64_t> chunk_pages(const Sequence& s, int64_t num_new_tokens) const;
   void check_ensure(int64_t seq_id, int64_t num_new_tokens) const;
   void check_commit_prefill(int64_t seq_id, int64_t num_tokens, int32_t sampled) const;
   void check_commit_decode(int64_t seq_id, int64_t count) const;
@@ -219,23 +245,36 @@ class KvManager {
   void apply_commit_prefill(Sequence& s, int64_t num_tokens, int32_t sampled);
   void apply_commit_decode(Sequence& s, const int32_t* tokens, int64_t count);
   void apply_deallocate(int64_t seq_id);
-  void push_block(Sequence& s, int64_t id, int32_t swa_id);
+  void push_block(Sequence& s, int64_t id);
+  // A logical block's id in physical table `table` (the staged value), and an
+  // SWA page's unit (-1 stays -1).
+  int32_t phys_of(int64_t table, int32_t id) const;
+  int32_t unit_of(int32_t page) const;
+  // A logical block's last reference went (it is free, cached if hashed) or a
+  // free one was claimed by a prefix hit.
+  void on_block_freed(int64_t id);
+  void on_block_claimed(int64_t id);
+  void alloc_page(Sequence& s, int64_t page);
   void publish_full_blocks(Sequence& s);
   void free_out_of_window(Sequence& s, int64_t seq_len);
   void write_row(const Sequence& s, int64_t row, int64_t from, const StagingView& view);
+  void check_row_space_invariants() const;
   void write_sequence(StateWriter& w, int64_t id, const Sequence& s) const;
   void read_sequence(StateReader& r);
 
   ServeConfig serve_;
   PoolSizes pools_;                 // type_slots resolved (slot_counts when it was empty)
   std::vector<int64_t> ks_;         // rows per block of each compress type
-  int64_t tail_blocks_ = 0, retention_blocks_ = 0, prefill_peak_ = 0, decode_peak_ = 0;
+  int64_t page_ = 0, ppb_ = 1;      // tokens per SWA page, pages per block
+  int64_t tail_pages_ = 0, retention_blocks_ = 0, prefill_peak_ = 0, decode_peak_ = 0;
   std::unique_ptr<Coordinator> coord_;
+  std::unique_ptr<RowSpace> rows_;  // the row-space layout's units
   LogicalBlocks logical_;
   std::unique_ptr<SwaBlocks> swa_;
   std::vector<std::vector<int32_t>> owner_of_phys_;  // [type][phys] -> logical id or -1 (unified)
   std::vector<int32_t> live_in_slot_;                // live bindings per shared slot
   SlotList reclaimable_;                             // busy shared slots holding only cached bindings
+  SlotList unbound_free_;                            // row space: free logical blocks without an envelope
   std::unordered_map<int64_t, Sequence> seqs_;
   int64_t swa_reserved_ = 0;                         // sum of quotas + checkpoint reserve
   std::vector<int64_t> row_seq_, row_len_;           // staging rows: sequence and length last written

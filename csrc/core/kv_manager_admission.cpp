@@ -13,6 +13,13 @@ namespace ukv {
 // ---------------------------------------------------------------- capacity --
 
 bool KvManager::capacity_ok(int64_t extra_quota, int64_t compress_demand, const std::vector<int64_t>& reclaim) const {
+  if (rows_) {
+    // Row space: every live envelope, the blocks going live, and an SWA unit
+    // for every reserved page fit the rows; cached units give way on demand.
+    const int64_t envelopes = rows_->live_units(UnitKind::Envelope) + compress_demand;
+    const int64_t units = std::max(swa_reserved_ + extra_quota, rows_->live_units(UnitKind::Swa));
+    return envelopes * pools_.envelope_rows + units * pools_.swa_unit_rows <= pools_.total_rows;
+  }
   const int64_t outstanding = std::max<int64_t>(0, swa_reserved_ + extra_quota - held_swa_slots());
   if (coord_) return coord_->can_allocate_jointly(outstanding, std::vector<int64_t>(static_cast<size_t>(num_types()), compress_demand), reclaim);
   return !swa_ || swa_->free_slots() >= outstanding;
@@ -107,6 +114,7 @@ void KvManager::release_phys(int64_t type, int32_t phys) {
 }
 
 void KvManager::bind_popped(const std::vector<int64_t>& ids) {
+  if (rows_) return bind_envelopes(ids);
   if (!coord_) return;
   std::vector<int64_t> retained;
   // Blocks without a binding first: admission counted exactly these as
@@ -135,6 +143,19 @@ void KvManager::bind_popped(const std::vector<int64_t>& ids) {
       release_phys(t, old);
       on_live_change(t, id, +1);
     }
+}
+
+// Row space: cached blocks go live on their own envelopes first, so no
+// envelope bound next can evict them; the others get envelopes (the row
+// space makes room: admission counted every one of them).
+void KvManager::bind_envelopes(const std::vector<int64_t>& ids) {
+  for (int64_t id : ids)
+    if (rows_->is_bound(UnitKind::Envelope, id)) rows_->set_cached(UnitKind::Envelope, id, false);
+  for (int64_t id : ids) {
+    if (rows_->is_bound(UnitKind::Envelope, id)) continue;
+    unbound_free_.erase(id);
+    rows_->bind(UnitKind::Envelope, id);
+  }
 }
 
 void KvManager::unbind(int64_t id) {
@@ -208,22 +229,68 @@ bool KvManager::settle_fresh(FreshBlocks& fresh, const std::vector<int64_t>& ski
 
 bool KvManager::choose_fresh(int64_t count, const std::vector<int64_t>& skip, const FitsFn& fits,
                              FreshBlocks& fresh) const {
+  if (rows_) {
+    fresh = choose_row_space_fresh(count, skip);
+    return fits(fresh);
+  }
   fresh = fresh_walk();
   take_longest_free(fresh, count, skip);
   return settle_fresh(fresh, skip, fits);
 }
 
+// Row space: blocks without an envelope while the row space has unheld rows
+// for them (nothing is evicted), then the coldest cached blocks (their
+// envelopes are reused and their content evicted), then blocks without an
+// envelope again (the row space evicts or moves to make room). Every chosen
+// block goes live, so each counts as demand.
+KvManager::FreshBlocks KvManager::choose_row_space_fresh(int64_t count, const std::vector<int64_t>& skip) const {
+  FreshBlocks fresh;
+  const auto skipped = [&](int64_t id) { return std::binary_search(skip.begin(), skip.end(), id); };
+  int64_t room = rows_->unheld_rows() / pools_.envelope_rows;
+  int64_t unbound = unbound_free_.front();
+  for (; count > 0 && room > 0 && unbound >= 0; unbound = unbound_free_.next(unbound), --count, --room)
+    fresh.ids.push_back(unbound);
+  const SlotList& cached = rows_->cached(UnitKind::Envelope);
+  for (int64_t id = cached.front(); count > 0 && id >= 0; id = cached.next(id))
+    if (!skipped(id)) fresh.ids.push_back(id), --count, ++fresh.evicted;
+  for (; count > 0 && unbound >= 0; unbound = unbound_free_.next(unbound), --count) fresh.ids.push_back(unbound);
+  require<StateError>(count == 0, "internal: the logical free list ran out");  // callers count first
+  fresh.demand = static_cast<int64_t>(fresh.ids.size());
+  return fresh;
+}
+
 // --------------------------------------------------------------- admission --
 
+uint64_t KvManager::page_hash(uint64_t block_hash, int64_t page) const {
+  if (ppb_ == 1) return block_hash;
+  // The block's hash covers the whole prefix up to its end; the page's index
+  // inside the block tells the pages apart (a finaliser mixes it in).
+  uint64_t h = block_hash ^ (static_cast<uint64_t>(page % ppb_ + 1) * 0x9E3779B97F4A7C15ull);
+  h = (h ^ (h >> 33)) * 0xFF51AFD7ED558CCDull;
+  h = (h ^ (h >> 33)) * 0xC4CEB9FE1A85EC53ull;
+  return h ^ (h >> 33);
+}
+
+int64_t KvManager::lookup_page(const int32_t* tokens, int64_t page, const std::vector<uint64_t>& hashes) const {
+  return swa_->lookup(page_hash(hashes[static_cast<size_t>(page / ppb_)], page), tokens + page * page_);
+}
+
+// The hit stops at the highest block boundary whose trailing tail_pages pages
+// (all of them, for a boundary closer to the start) are cached: pages are
+// scanned from the top, and a run of present pages [j, end) serves the
+// highest boundary at or below `end` once it reaches tail_pages below it.
 int64_t KvManager::bounded_hit(const int32_t* tokens, int64_t hit, const std::vector<uint64_t>& hashes) const {
   if (!swa_) return hit;
-  int64_t contiguous = 0;
-  for (int64_t i = hit - 1; i >= 0; --i) {
-    const bool present = swa_->lookup(hashes[static_cast<size_t>(i)], tokens + i * serve_.block_size) >= 0;
-    contiguous = present ? contiguous + 1 : 0;
-    if (contiguous == tail_blocks_) return i + contiguous;
+  int64_t end = hit * ppb_;
+  for (int64_t j = hit * ppb_ - 1; j >= 0; --j) {
+    if (lookup_page(tokens, j, hashes) < 0) {
+      end = j;
+      continue;
+    }
+    const int64_t boundary = end / ppb_ * ppb_;
+    if (boundary - j >= tail_pages_ || (j == 0 && boundary > 0)) return boundary / ppb_;
   }
-  return contiguous;  // the present run starting at block 0 (short prompts)
+  return 0;
 }
 
 KvManager::Admission KvManager::admission(const int32_t* tokens, int64_t n) const {
@@ -281,20 +348,20 @@ int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n) {
     return -1;
   }
   Sequence s;
-  s.phys.resize(static_cast<size_t>(num_types()));
   const int64_t bs = serve_.block_size, hits = a.cached_blocks;
-  const int64_t swa_hit_start = std::max<int64_t>(0, hits - tail_blocks_);
+  const int64_t first_hit_page = std::max<int64_t>(0, hits * ppb_ - tail_pages_);
   for (int64_t i = 0; i < hits; ++i) {
     const int64_t id = a.hit_ids[static_cast<size_t>(i)];
     const bool was_free = logical_.is_free(id);
     logical_.claim(id);
-    if (was_free) on_live_change(id, +1);
-    int32_t swa_id = -1;
-    if (swa_ && i >= swa_hit_start) {
-      swa_id = static_cast<int32_t>(swa_->lookup(a.hashes[static_cast<size_t>(i)], tokens + i * bs));
-      swa_->claim(swa_id);
-    }
-    push_block(s, id, swa_id);
+    if (was_free) on_block_claimed(id);
+    push_block(s, id);
+  }
+  for (int64_t j = first_hit_page; swa_ && j < hits * ppb_; ++j) {  // the hit's trailing window
+    const auto page = static_cast<int32_t>(lookup_page(tokens, j, a.hashes));
+    swa_->claim(page);
+    s.swa[static_cast<size_t>(j)] = page;
+    ++s.swa_held;
   }
   // Claim everything first: the hits and the popped blocks are then live, so
   // a reclaim cannot take their bindings (or the hits' cached KV) away.
@@ -303,13 +370,13 @@ int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n) {
   stats_.compress_evictions += a.fresh.evicted;
   reclaim_until(a.quota, a.fresh.demand);
   bind_popped(popped);
-  for (int64_t id : popped) push_block(s, id, -1);
+  for (int64_t id : popped) push_block(s, id);
   s.tokens.assign(tokens, tokens + n);
   s.hashes = a.hashes;
   s.num_prompt = n;
   s.num_computed = hits * bs;
-  s.swa_written_lo = swa_hit_start * bs;
-  s.swa_freed_upto = swa_hit_start;
+  s.swa_written_lo = first_hit_page * page_;
+  s.swa_freed_upto = first_hit_page;
   s.swa_quota = a.quota;
   swa_reserved_ += a.quota;
   seqs_.emplace(seq_id, std::move(s));

@@ -10,6 +10,7 @@ namespace ukv {
 
 void KvManager::check_invariants() const {
   if (coord_) coord_->check_invariants();
+  if (rows_) rows_->check_invariants();
   logical_.check_invariants();
   if (swa_) swa_->check_invariants();
   std::vector<int64_t> logical_refs(static_cast<size_t>(pools_.num_logical_blocks), 0);
@@ -17,28 +18,27 @@ void KvManager::check_invariants() const {
   int64_t quotas = 0;
   for (const auto& [id, s] : seqs_) {
     const size_t len = s.logical.size();
-    require<StateError>(s.swa.size() == len, "sequence ", id, ": SWA table not aligned with the logical table");
+    require<StateError>(s.swa.size() == len * static_cast<size_t>(ppb_), "sequence ", id,
+                        ": SWA pages not aligned with the logical blocks");
     require<StateError>(static_cast<int64_t>(len) <= serve_.max_blocks_per_seq, "sequence ", id, " exceeds max_blocks_per_seq");
     require<StateError>(static_cast<int64_t>(len) * serve_.block_size >= s.num_computed, "sequence ", id,
                         ": computed tokens not covered by blocks");
     require<StateError>(s.num_computed >= 0 && s.num_computed <= static_cast<int64_t>(s.tokens.size()), "sequence ",
                         id, ": computed outside [0, known]");
     int64_t held = 0;
-    for (size_t i = 0; i < len; ++i) {
-      const int32_t b = s.logical[i];
+    for (int32_t b : s.logical) {
       ++logical_refs[static_cast<size_t>(b)];
-      for (int64_t t = 0; t < num_types(); ++t) {
-        const int32_t p = s.phys[static_cast<size_t>(t)][i];
-        require<StateError>(p == (coord_ ? logical_.binding(t, b) : b), "sequence ", id, ": type ", t,
-                            " table entry ", i, " disagrees with the block's binding");
-      }
-      if (s.swa[i] >= 0) {
-        require<StateError>(swa_ != nullptr, "sequence ", id, " holds SWA blocks without an SWA pool");
-        ++swa_refs[static_cast<size_t>(s.swa[i])];
-        ++held;
-        require<StateError>(static_cast<int64_t>(i) >= s.swa_freed_upto, "sequence ", id, ": SWA entry ", i,
-                            " below the freed window");
-      }
+      require<StateError>(!rows_ || (rows_->is_bound(UnitKind::Envelope, b) &&
+                                     !rows_->is_cached(UnitKind::Envelope, b)),
+                          "sequence ", id, ": logical block ", b, " has no live envelope");
+    }
+    for (size_t j = 0; j < s.swa.size(); ++j) {
+      if (s.swa[j] < 0) continue;
+      require<StateError>(swa_ != nullptr, "sequence ", id, " holds SWA pages without an SWA pool");
+      ++swa_refs[static_cast<size_t>(s.swa[j])];
+      ++held;
+      require<StateError>(static_cast<int64_t>(j) >= s.swa_freed_upto, "sequence ", id, ": SWA page ", j,
+                          " below the freed window");
     }
     require<StateError>(held == s.swa_held, "sequence ", id, ": SWA held counter");
     require<StateError>(held <= s.swa_quota, "sequence ", id, " holds ", held, " SWA blocks, over its quota ",
@@ -53,6 +53,7 @@ void KvManager::check_invariants() const {
     require<StateError>(swa_refs[static_cast<size_t>(b)] + swa_->is_pinned(b) == swa_->ref(b), "SWA block ", b,
                         " ref ", swa_->ref(b), " != table occurrences + pin");
   require<StateError>(swa_reserved_ == quotas + checkpoint_reserve(), "SWA reservation total");
+  if (rows_) return check_row_space_invariants();
   if (swa_)
     require<StateError>(swa_->free_slots() + swa_->held_slots() >= swa_reserved_, "SWA capacity ",
                         swa_->free_slots() + swa_->held_slots(), " below the promised ", swa_reserved_);
@@ -86,6 +87,22 @@ void KvManager::check_invariants() const {
   }
 }
 
+// The row space holds an envelope for every live block and every cached
+// (free, hashed) one, none for other free blocks; and the promise holds: the
+// live envelopes and the reserved SWA pages fit the rows.
+void KvManager::check_row_space_invariants() const {
+  for (int64_t b = 0; b < pools_.num_logical_blocks; ++b) {
+    const bool bound = rows_->is_bound(UnitKind::Envelope, b), free = logical_.ref(b) == 0;
+    require<StateError>(rows_->is_cached(UnitKind::Envelope, b) == (free && bound), "logical block ", b,
+                        " is cached in the row space iff it is free and holds an envelope");
+    require<StateError>(!(free && bound) || logical_.has_hash(b), "cached logical block ", b, " has no content");
+    require<StateError>(unbound_free_.contains(b) == (free && !bound), "logical block ", b,
+                        " unbound-free membership");
+  }
+  require<StateError>(capacity_ok(0, 0), "row space: the live envelopes and the ", swa_reserved_,
+                      " reserved SWA pages exceed the ", pools_.total_rows, " rows");
+}
+
 // ------------------------------------------------------------ serialization --
 
 void KvManager::write_sequence(StateWriter& w, int64_t id, const Sequence& s) const {
@@ -106,6 +123,10 @@ std::vector<int64_t> KvManager::to_state() const {
   if (coord_) {
     coord_->write_state(w);
     w.put_vec(reclaimable_.to_vector());
+  }
+  if (rows_) {
+    rows_->write_state(w);
+    w.put_vec(unbound_free_.to_vector());
   }
   logical_.write_state(w);
   if (swa_) swa_->write_state(w);
@@ -141,10 +162,7 @@ void KvManager::read_sequence(StateReader& r) {
     r.check(b >= 0 && b < pools_.num_logical_blocks, "bad logical block ", b);
     s.logical.push_back(static_cast<int32_t>(b));
   }
-  s.phys.resize(static_cast<size_t>(num_types()));
-  for (int64_t t = 0; t < num_types(); ++t)
-    for (int32_t b : s.logical) s.phys[static_cast<size_t>(t)].push_back(coord_ ? logical_.binding(t, b) : b);
-  for (size_t i = 0; i < s.logical.size(); ++i) {
+  for (size_t i = 0; i < s.logical.size() * static_cast<size_t>(ppb_); ++i) {
     const auto w = static_cast<int32_t>(r.in_range(-1, pools_.num_swa_blocks - 1, "SWA block"));
     s.swa.push_back(w);
     s.swa_held += w >= 0;
@@ -170,6 +188,15 @@ std::unique_ptr<KvManager> KvManager::from_state(const std::vector<int64_t>& st)
     for (int64_t slot : r.vec<int64_t>(pools.num_swa_blocks, "reclaimable slot")) {
       r.check(slot >= 0 && slot < pools.num_swa_blocks && !m->reclaimable_.contains(slot), "bad reclaimable slot");
       m->reclaimable_.push_back(slot);
+    }
+  }
+  if (m->rows_) {
+    *m->rows_ = RowSpace::read_state(r);
+    m->install_evict_listener();
+    m->unbound_free_ = SlotList(pools.num_logical_blocks);
+    for (int64_t b : r.vec<int64_t>(pools.num_logical_blocks, "unbound free block")) {
+      r.check(b >= 0 && b < pools.num_logical_blocks && !m->unbound_free_.contains(b), "bad unbound free block ", b);
+      m->unbound_free_.push_back(b);
     }
   }
   m->logical_.read_state(r);

@@ -21,28 +21,26 @@ void KvManager::check_ensure(int64_t seq_id, int64_t num_new_tokens) const {
           num_new_tokens, " tokens exceeds max_num_batched_tokens ", serve_.max_num_batched_tokens);
 }
 
-// SWA blocks the chunk writes: the whole chunk (full retain) or its last window.
-int64_t KvManager::missing_swa_blocks(const Sequence& s, int64_t num_new_tokens) const {
+// SWA pages the chunk writes: the whole chunk (full retain) or its last window.
+std::pair<int64_t, int64_t> KvManager::chunk_pages(const Sequence& s, int64_t num_new_tokens) const {
+  const int64_t end_len = s.num_computed + num_new_tokens;
+  const int64_t free_before = serve_.full_retain ? 0 : std::max<int64_t>(0, end_len - serve_.window) / page_;
+  return {std::max(page_of(s.num_computed), free_before), page_of(end_len - 1)};
+}
+
+int64_t KvManager::missing_swa_pages(const Sequence& s, int64_t num_new_tokens) const {
   if (num_new_tokens == 0 || !swa_) return 0;
-  const int64_t bs = serve_.block_size, end_len = s.num_computed + num_new_tokens;
-  const int64_t free_before = serve_.full_retain ? 0 : std::max<int64_t>(0, end_len - serve_.window) / bs;
+  const auto [first, last] = chunk_pages(s, num_new_tokens);
   int64_t missing = 0;
-  for (int64_t i = std::max(s.num_computed / bs, free_before); i <= (end_len - 1) / bs; ++i)
-    missing += s.swa[static_cast<size_t>(i)] < 0;
+  for (int64_t j = first; j <= last; ++j) missing += s.swa[static_cast<size_t>(j)] < 0;
   return missing;
 }
 
 void KvManager::apply_ensure(Sequence& s, int64_t num_new_tokens) {
   if (num_new_tokens == 0 || !swa_) return;
-  const int64_t bs = serve_.block_size, end_len = s.num_computed + num_new_tokens;
-  const int64_t free_before = serve_.full_retain ? 0 : std::max<int64_t>(0, end_len - serve_.window) / bs;
-  for (int64_t i = std::max(s.num_computed / bs, free_before); i <= (end_len - 1) / bs; ++i) {
-    auto& entry = s.swa[static_cast<size_t>(i)];
-    if (entry >= 0) continue;
-    entry = static_cast<int32_t>(swa_->alloc());
-    ++s.swa_held;
-    s.dirty_lo = std::min(s.dirty_lo, i);
-  }
+  const auto [first, last] = chunk_pages(s, num_new_tokens);
+  for (int64_t j = first; j <= last; ++j)
+    if (s.swa[static_cast<size_t>(j)] < 0) alloc_page(s, j);
 }
 
 void KvManager::ensure_for_tokens(const int64_t* seq_ids, const int64_t* counts, int64_t n) {
@@ -50,9 +48,9 @@ void KvManager::ensure_for_tokens(const int64_t* seq_ids, const int64_t* counts,
   int64_t missing = 0;
   for (int64_t i = 0; i < n; ++i) {
     check_ensure(seq_ids[i], counts[i]);
-    missing += missing_swa_blocks(seq(seq_ids[i]), counts[i]);
+    missing += missing_swa_pages(seq(seq_ids[i]), counts[i]);
   }
-  // Admission reserved these blocks; running out here would be a broken promise.
+  // Admission reserved these pages; running out here would be a broken promise.
   require<OutOfSlots>(missing <= free_swa_slots(), "No free SWA slots available");
   for (int64_t i = 0; i < n; ++i) apply_ensure(seq(seq_ids[i]), counts[i]);
 }
@@ -62,7 +60,8 @@ bool KvManager::is_checkpoint(const Sequence& s, int64_t block) const {
   // window before the prompt's end. Decode blocks (published here, unlike
   // upstream) are checkpoints only by the segment rule, so generation does
   // not pin every block it writes.
-  const int64_t rb = retention_blocks_, need = tail_blocks_, prompt_blocks = s.num_prompt / serve_.block_size;
+  const int64_t rb = retention_blocks_, need = ceil_div(tail_pages_, ppb_),
+                prompt_blocks = s.num_prompt / serve_.block_size;
   return block % rb >= rb - need || (block >= prompt_blocks - need && block < prompt_blocks);
 }
 
@@ -77,25 +76,27 @@ void KvManager::publish_full_blocks(Sequence& s) {
     const uint64_t h = block_hash(toks, static_cast<size_t>(bs), has_parent, parent);
     logical_.publish(s.logical[static_cast<size_t>(i)], h, toks, has_parent, parent, events_);
     s.hashes.push_back(h);
-    const int32_t swa_id = swa_ ? s.swa[static_cast<size_t>(i)] : -1;
-    // Only a fully written SWA block may serve a later hit (H7).
-    if (swa_id < 0 || i * bs < s.swa_written_lo) continue;
-    swa_->publish(swa_id, h, toks);
-    if (sparse && is_checkpoint(s, i)) swa_->pin(swa_id);
+    for (int64_t j = i * ppb_; swa_ && j < (i + 1) * ppb_; ++j) {
+      const int32_t page = s.swa[static_cast<size_t>(j)];
+      // Only a fully written SWA page may serve a later hit (H7).
+      if (page < 0 || j * page_ < s.swa_written_lo) continue;
+      swa_->publish(page, page_hash(h, j), s.tokens.data() + j * page_);
+      if (sparse && is_checkpoint(s, i)) swa_->pin(page);
+    }
   }
 }
 
 void KvManager::free_out_of_window(Sequence& s, int64_t seq_len) {
   if (!swa_) return;
   const int64_t free_before =
-      std::min<int64_t>(std::max<int64_t>(0, seq_len - serve_.window) / serve_.block_size, static_cast<int64_t>(s.swa.size()));
-  for (int64_t i = s.swa_freed_upto; i < free_before; ++i) {
-    auto& entry = s.swa[static_cast<size_t>(i)];
+      std::min<int64_t>(std::max<int64_t>(0, seq_len - serve_.window) / page_, static_cast<int64_t>(s.swa.size()));
+  for (int64_t j = s.swa_freed_upto; j < free_before; ++j) {
+    auto& entry = s.swa[static_cast<size_t>(j)];
     if (entry < 0) continue;
     swa_->release(entry);
     entry = -1;
     --s.swa_held;
-    s.dirty_lo = std::min(s.dirty_lo, i);
+    s.dirty_lo = std::min(s.dirty_lo, j / ppb_);
   }
   s.swa_freed_upto = std::max(s.swa_freed_upto, free_before);
 }
@@ -171,7 +172,7 @@ int64_t KvManager::plan_append(const int64_t* seq_ids, int64_t n, int64_t num_ne
     if (count > logical_.free_count()) return i;
     const int64_t quota = extra_quota + std::max<int64_t>(0, dq);
     const auto fits = [&](const FreshBlocks& f) { return capacity_ok_with_reclaim(quota, f.demand, f.ids); };
-    if (fresh.evicted == 0) {
+    if (fresh.evicted == 0 && !rows_) {
       take_longest_free(fresh, add, no_skip);
       if (!settle_fresh(fresh, no_skip, fits)) return i;
     } else if (!choose_fresh(count, no_skip, fits, fresh)) {
@@ -212,8 +213,9 @@ void KvManager::append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens
       swa_reserved_ += quota - s.swa_quota;
       s.swa_quota = quota;
     }
-    while (static_cast<int64_t>(s.logical.size()) < need)
-      push_block(s, *next++, swa_ ? static_cast<int32_t>(swa_->alloc()) : -1);
+    while (static_cast<int64_t>(s.logical.size()) < need) push_block(s, *next++);
+    for (int64_t j = page_of(s.num_computed); swa_ && j <= page_of(s.num_computed + num_new_tokens - 1); ++j)
+      if (s.swa[static_cast<size_t>(j)] < 0) alloc_page(s, j);
     free_out_of_window(s, s.num_computed + 1);
     s.scheduled = num_new_tokens;
   }

@@ -48,8 +48,18 @@ struct KvPlan {
   int64_t budget_bytes = 0;
   std::vector<int64_t> layer_rows;   // one per layer
   int64_t kv_bytes = 0, rope_bytes = 0, indexer_bytes = 0, total_bytes = 0;
-  int64_t swa_block_bytes = 0;         // one SWA block across all layers
+  int64_t swa_block_bytes = 0;         // one SWA block (page) across all layers
   int64_t compressed_block_bytes = 0;  // one logical block across all compressed layers + indexer
+  // Where each layer's rows are (row_space: relative to the layer's base row
+  // in the planes; slot layouts: in the layer's own tensor). See
+  // layer_index_constants() for the meaning of each list.
+  int64_t swa_base_row = 0;
+  std::vector<int64_t> layer_base_rows;
+  std::vector<int64_t> layer_compress_bases;
+  std::vector<int64_t> layer_block_strides;
+  std::vector<int64_t> layer_swa_rows;  // kSwaRowFields per layer
+  std::vector<int64_t> layer_indexer_planes;
+  std::vector<int64_t> layer_indexer_offsets;
 
   template <class Self, class Visitor>
   static void visit_fields(Self& p, Visitor&& v) {
@@ -65,10 +75,37 @@ struct KvPlan {
     v.integer("swa_block_bytes", p.swa_block_bytes, "bytes of one SWA block across all layers");
     v.integer("compressed_block_bytes", p.compressed_block_bytes,
               "bytes of one logical block across all compressed layers and the indexer");
+    v.integer("swa_base_row", p.swa_base_row, "row_space: the first row of the SWA units' lattice");
+    v.integers("layer_base_rows", p.layer_base_rows,
+               "row_space: each layer's base row in the planes (its tensor is the planes from there; 0 in the slot "
+               "layouts, where each layer has its own tensor)");
+    v.integers("layer_compress_bases", p.layer_compress_bases,
+               "each compress layer's compress_base (index ops, bind_compress_view); 0 for dense layers");
+    v.integers("layer_block_strides", p.layer_block_strides,
+               "each compress layer's rows between consecutive compress blocks: k in the slot layouts, the envelope "
+               "in row_space (block_stride of the index ops); 0 for dense layers");
+    v.integers("layer_swa_rows", p.layer_swa_rows,
+               "each layer's SWA row constants, 5 per layer: page tokens, unit rows, offset, group, group stride "
+               "(swa_rows of the index ops)");
+    v.integers("layer_indexer_planes", p.layer_indexer_planes,
+               "row_space: the plane (0 NoPE, 1 RoPE) holding each CSA layer's indexer rows inside the envelope; "
+               "-1 for other layers and in the slot layouts (a separate indexer pool)");
+    v.integers("layer_indexer_offsets", p.layer_indexer_offsets,
+               "row_space: byte offset of each CSA layer's indexer block from its envelope's first byte in that plane");
   }
 };
 
+// The SWA row of position a of a sequence, for one layer class:
+//   id = table[a / page]; q = a % page;
+//   row = id * unit_rows + offset + (q / group) * group_stride + q % group.
+// The slot layouts are page = unit_rows = group = group_stride = block_size,
+// offset 0: row = id * block_size + a % block_size.
+constexpr int64_t kSwaRowFields = 5;
+
 void validate(const ModelKvSpec& m);
+// Bytes of one row in each plane.
+int64_t nope_row_bytes(const ModelKvSpec& m);
+int64_t rope_row_bytes(const ModelKvSpec& m);
 // Throws InvalidArgument when the inputs are out of domain or not even the
 // SWA region fits the budget.
 KvPlan plan_kv_layout(int64_t budget_bytes, const ModelKvSpec& model, const ServeConfig& config);

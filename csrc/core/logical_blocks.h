@@ -27,6 +27,7 @@ class LogicalBlocks {
   int64_t free_count() const { return free_.size(); }
   int64_t ref(int64_t id) const { return ref_[static_cast<size_t>(id)]; }
   bool is_free(int64_t id) const { return free_.contains(id); }
+  bool has_hash(int64_t id) const { return contents_.has_hash(id); }
   const SlotList& free_list() const { return free_; }
 
   // The cached block holding exactly these tokens under this hash, or -1.

@@ -15,6 +15,9 @@ struct PoolSizes {
   int64_t num_logical_blocks = 0;
   int64_t num_swa_blocks = 0;
   std::vector<int64_t> type_slots;
+  int64_t total_rows = 0;
+  int64_t envelope_rows = 0;
+  int64_t swa_unit_rows = 0;
 
   // The fields, once, in their serialised order (core/record.h).
   template <class Self, class Visitor>
@@ -25,6 +28,10 @@ struct PoolSizes {
     v.integers("type_slots", p.type_slots,
                "unified slot layouts: slots of each compress type's tensor; empty = slot_counts(num_swa_blocks, "
                "num_logical_blocks)");
+    v.integer("total_rows", p.total_rows, "row_space: rows of the one row space (every plane)");
+    v.integer("envelope_rows", p.envelope_rows,
+              "row_space: rows of an envelope (every compress layer's rows and the indexer for one logical block)");
+    v.integer("swa_unit_rows", p.swa_unit_rows, "row_space: rows of an SWA unit (one page of every layer)");
   }
 };
 
@@ -33,8 +40,11 @@ struct PoolSizes {
 void validate(const PoolSizes& p);
 // Throws InvalidArgument naming the field; fills nothing in.
 void validate(const ServeConfig& c, const PoolSizes& p);
-// type_slots, or the default slot counts when it is empty (unified layouts).
-std::vector<int64_t> resolved_type_slots(const ServeConfig& c, const PoolSizes& p);
+// The pools as the manager uses them: type_slots resolved to the default slot
+// counts when empty (unified slot layouts); in the row-space layout the
+// logical blocks and SWA pages are what the row space holds of each kind
+// (num_logical_blocks and num_swa_blocks given as 0 are derived).
+PoolSizes resolved(const ServeConfig& c, const PoolSizes& p);
 
 template <>
 struct RecordTraits<PoolSizes> {

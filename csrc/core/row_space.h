@@ -86,8 +86,9 @@ class RowSpace {
   int64_t live_rows() const;
   // Rows no unit holds (holes, the gap and the lattices' remainder).
   int64_t unheld_rows() const;
-  // The coldest cached unit's owner, -1 when none.
+  // The coldest cached unit's owner, -1 when none; the cached owners, coldest first.
   int64_t coldest_cached(UnitKind k) const { return lru_[idx(k)].front(); }
+  const SlotList& cached(UnitKind k) const { return lru_[idx(k)]; }
   // Whether live units of these many more envelopes and SWA units fit.
   bool fits(int64_t envelopes, int64_t units) const;
 

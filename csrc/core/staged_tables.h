@@ -1,8 +1,10 @@
 // The staged tables: the per-step block tables a KvManager writes for the
 // kernels, one int32 tensor [max_num_seqs, tables, columns]. Table 0 is the
-// logical table, 1 the SWA table, then the physical compress tables (one per
-// compress type, in ServeConfig.compress_ratios order). Every part of
-// ukv_torch that addresses a table goes through these functions.
+// logical table, 1 the SWA table (a column per SWA page), then the physical
+// compress tables: one per compress type, in ServeConfig.compress_ratios
+// order, or in the row-space layout the one envelope table every compress
+// type reads. Every part of ukv_torch that addresses a table goes through
+// these functions.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +25,8 @@ struct StagedTablesShape {
 
 StagedTablesShape staged_tables_shape(const ServeConfig& c);
 
-// "logical", "swa", or a compress ratio ("4", "128"); InvalidArgument otherwise.
+// "logical", "swa", a compress ratio ("4", "128") or, in the row-space
+// layout, "envelope"; InvalidArgument otherwise.
 int64_t staged_table_index(const ServeConfig& c, const std::string& name);
 
 }  // namespace ukv

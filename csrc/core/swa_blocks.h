@@ -1,11 +1,17 @@
-// SwaBlocks: the content-addressed sliding-window block pool (SPEC.md §1.3).
+// SwaBlocks: the content-addressed sliding-window page pool (SPEC.md §1.3).
 //
-// An SWA block id is its slot: rows [id*block_size, (id+1)*block_size) of every
-// layer tensor. Slots come from the unified Coordinator (shared with compress)
-// or, in the static split, from a private SWA-only TypePool. Blocks keep their
+// A page holds page_tokens positions of every layer. In the slot layouts a
+// page is a block and its id is its slot: rows [id*block_size,
+// (id+1)*block_size) of every layer tensor. Slots come from the unified
+// Coordinator (shared with compress) or, in the static split, from a private
+// SWA-only TypePool. In the row-space layout the ids are the manager's own
+// (the tables translate them), and each held or cached page has an SWA unit
+// of the RowSpace: a released page with content keeps its unit as a cached
+// one, a released page without content gives it back, and the row space may
+// evict a cached page's unit to make room (on_row_evicted). Pages keep their
 // hash after release (lazy eviction at reuse), and the coordinator's eviction
 // listener drops it when compress borrows the slot (H-a). With sparse
-// retention, checkpoint blocks are pinned by an extra reference in an LRU of
+// retention, checkpoint pages are pinned by an extra reference in an LRU of
 // bounded capacity.
 #pragma once
 
@@ -15,6 +21,7 @@
 
 #include "core/block_contents.h"
 #include "core/coordinator.h"
+#include "core/row_space.h"
 #include "core/slot_list.h"
 #include "core/type_pool.h"
 
@@ -22,13 +29,15 @@ namespace ukv {
 
 class SwaBlocks {
  public:
-  // coordinator == nullptr: static split, slots from a private pool.
-  SwaBlocks(int64_t num_blocks, int64_t block_size, Coordinator* coordinator, int64_t checkpoint_capacity);
+  // Page ids come from the coordinator, else from the row space, else (the
+  // static split) from a private pool.
+  SwaBlocks(int64_t num_pages, int64_t page_tokens, Coordinator* coordinator, RowSpace* rows,
+            int64_t checkpoint_capacity);
 
   int64_t num_blocks() const { return static_cast<int64_t>(ref_.size()); }
   bool enabled() const { return num_blocks() > 0; }
-  int64_t free_slots() const;   // slots SWA may take now
-  int64_t held_slots() const;   // slots SWA holds (tables and pins)
+  int64_t free_slots() const;   // pages SWA may take now
+  int64_t held_slots() const;   // pages SWA holds (tables and pins)
   int64_t ref(int64_t id) const { return ref_[static_cast<size_t>(id)]; }
   int64_t checkpoint_capacity() const { return checkpoint_capacity_; }
   int64_t pinned() const { return lru_.size(); }
@@ -42,6 +51,7 @@ class SwaBlocks {
   void pin(int64_t id);           // checkpoint pin / LRU refresh
   void refresh(int64_t id) { if (lru_.contains(id)) { lru_.erase(id); lru_.push_back(id); } }
   void evict_slot(int64_t id);    // compress took this released slot: forget its content
+  void on_row_evicted(int64_t id);  // the row space dropped this cached page's unit
   void clear_cache();
 
   void check_invariants() const;
@@ -55,6 +65,8 @@ class SwaBlocks {
   bool source_is_free(int64_t id) const;
 
   Coordinator* coordinator_;
+  RowSpace* rows_;
+  SlotList unbound_free_;  // row space: released pages without a unit, longest-free first
   std::unique_ptr<TypePool> static_pool_;
   int64_t checkpoint_capacity_;
   std::vector<int32_t> ref_;

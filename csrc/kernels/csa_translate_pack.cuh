@@ -154,7 +154,7 @@ __global__ void csa_translate_pack_kernel(CsaTranslatePackParams p) {
 
   const TableRow row = table_row(p.table, bid);
   const auto row_of = [&](int32_t entry) {
-    return compress_row<kCompact>(row, entry, p.rows_per_block, p.compress_base);
+    return compress_row<kCompact>(row, entry, p.rows_per_block, p.block_stride, p.compress_base);
   };
   const int64_t first = begin + tile_start;
   if (vector_aligned(p.out, first)) {

@@ -34,7 +34,7 @@ __global__ void hca_decode_indices_kernel(HcaDecodeParams p, int32_t parts) {
   const int32_t lo = min_i32(part * part_len, n);
   const int32_t hi = min_i32(lo + part_len, n);
   const auto row_of_entry = [&](int32_t i) {
-    return compress_row(p.table, bid, lo + i, p.rows_per_block, p.compress_base);
+    return compress_row(p.table, bid, lo + i, p.rows_per_block, p.block_stride, p.compress_base);
   };
   store_run(p.out, bounds, begin + lo, hi - lo, row_of_entry, g.lane, kGroup);
 }

@@ -128,37 +128,54 @@ UKV_HOST_DEVICE int32_t hca_causal_count(int32_t pos, int32_t n_committed, int32
   return max_i32(min_i32((pos + 1) / hca_ratio, n_committed), 0);
 }
 
-// unified_kv row of SWA position a of a sequence: its block's id * block_size
-// plus the offset inside the block.
-UKV_HOST_DEVICE int32_t swa_row(const Table& swa_table, int32_t seq, int32_t a, const Divisor& block_size) {
-  const int32_t col = min_i32(max_i32(quotient(a, block_size), 0), swa_table.cols - 1);
-  const int64_t row =
-      static_cast<int64_t>(id_at(table_row(swa_table, seq), col)) * block_size.value + remainder(a, block_size);
+// The unit of SWA position a of a sequence: the table entry of its page (a
+// page the sequence does not hold is -1 there, read as 0, so a position read
+// by mistake still names a row inside the tensor).
+UKV_HOST_DEVICE int32_t swa_unit(const Table& swa_table, int32_t seq, int32_t a, const Divisor& page) {
+  const int32_t col = min_i32(max_i32(quotient(a, page), 0), swa_table.cols - 1);
+  return max_i32(id_at(table_row(swa_table, seq), col), 0);
+}
+
+// The row of position a in a unit (SwaRows). kPlain: the slot layouts'
+// unit * block_size + a % block_size, without the class arithmetic.
+template <bool kPlain>
+UKV_HOST_DEVICE int32_t swa_row_in(int32_t unit, int32_t a, const SwaRows& r) {
+  const int32_t q = remainder(a, r.page);
+  if (kPlain) return static_cast<int32_t>(static_cast<int64_t>(unit) * r.page.value + q);
+  const int64_t row = static_cast<int64_t>(unit) * r.unit_rows + r.offset +
+                      static_cast<int64_t>(quotient(q, r.group)) * r.group_stride + remainder(q, r.group);
   return static_cast<int32_t>(row);
 }
 
+// unified_kv row of SWA position a of a sequence (relative to the layer's base row).
+template <bool kPlain>
+UKV_HOST_DEVICE int32_t swa_row(const Table& swa_table, int32_t seq, int32_t a, const SwaRows& r) {
+  return swa_row_in<kPlain>(swa_unit(swa_table, seq, a, r.page), a, r);
+}
+
 // unified_kv row of a sequence's compressed entry e (k entries per block):
-// base + id(e / k) * k + e % k, modulo 2^32 like the int32 it is stored as.
+// base + id(e / k) * stride + e % k, modulo 2^32 like the int32 it is stored
+// as. The stride is k in the slot layouts and the envelope in the row space.
 // Entries outside the row are clamped onto it, which keeps the read in bounds
 // for lanes past valid_k whose top-k cells hold garbage (H-f); those lanes are
 // never stored.
 template <bool kCompact = false>
 UKV_HOST_DEVICE int32_t compress_row(const TableRow& row, int32_t entry, const Divisor& rows_per_block,
-                                     int32_t compress_base) {
+                                     int32_t block_stride, int32_t compress_base) {
   const int32_t last = row.cols * rows_per_block.value - 1;  // >= 0: a table has a column
   const int32_t e = max_i32(min_i32(entry, last), 0);
   const int32_t q = quotient(e, rows_per_block);
   const uint32_t id = static_cast<uint32_t>(id_at<kCompact>(row, q));
-  // base + id * k + (e - q * k), arranged as (id - q) * k + (base + e) so that
-  // two operations wait for the lookup rather than four.
-  const uint32_t k = static_cast<uint32_t>(rows_per_block.value);
-  return static_cast<int32_t>((id - static_cast<uint32_t>(q)) * k +
-                              (static_cast<uint32_t>(compress_base) + static_cast<uint32_t>(e)));
+  // id * stride + (base + e - q * k): everything but one multiply-add is
+  // computed while the lookup is in flight.
+  const uint32_t rest = static_cast<uint32_t>(compress_base) + static_cast<uint32_t>(e) -
+                        static_cast<uint32_t>(q) * static_cast<uint32_t>(rows_per_block.value);
+  return static_cast<int32_t>(id * static_cast<uint32_t>(block_stride) + rest);
 }
 
 UKV_HOST_DEVICE int32_t compress_row(const Table& table, int32_t seq, int32_t entry, const Divisor& rows_per_block,
-                                     int32_t compress_base) {
-  return compress_row(table_row(table, seq), entry, rows_per_block, compress_base);
+                                     int32_t block_stride, int32_t compress_base) {
+  return compress_row(table_row(table, seq), entry, rows_per_block, block_stride, compress_base);
 }
 
 // The part of an output a token may write: its slice, clipped to the output.
@@ -251,6 +268,37 @@ UKV_HOST_DEVICE PrefillTokenCounts prefill_token_counts(const PrefillMetadataPar
   const int32_t n_hca = hca_causal_count(pos, p.n_committed_hca[bid], p.hca_ratio);
   const int32_t prefix = w.prefix_swa_count;
   return {w.extend_count, prefix, prefix + valid_k, prefix + n_hca, prefix};
+}
+
+// The SWA row a new token at its position is written at: -1 for padding and
+// for a position whose page the sequence does not hold (swa_slot_mapping).
+UKV_HOST_DEVICE int32_t swa_slot_of(const SwaSlotMappingParams& p, int32_t t) {
+  const int32_t bid = p.batch_id[t];
+  const int32_t pos = load_position(p.positions, t);
+  if (!is_real_token(bid, p.swa_table.rows) || pos < 0) return -1;
+  const int32_t col = min_i32(quotient(pos, p.swa_rows.page), p.swa_table.cols - 1);
+  const int32_t unit = id_at(table_row(p.swa_table, bid), col);
+  return unit < 0 ? -1 : swa_row_in<false>(unit, pos, p.swa_rows);
+}
+
+// Row copies (apply_row_copies): the entries of one phase, [first, first +
+// count) of the copy list, clamped to the list.
+struct PhaseSpan {
+  int32_t first;
+  int32_t count;
+};
+
+UKV_HOST_DEVICE PhaseSpan phase_span(const RowCopyParams& p, int32_t phase) {
+  int64_t first = 0;
+  for (int32_t q = 0; q < phase; ++q) first += p.counts[q] > 0 ? p.counts[q] : 0;
+  first = first < p.max_copies ? first : p.max_copies;
+  int64_t count = p.counts[phase] > 0 ? p.counts[phase] : 0;
+  count = count < p.max_copies - first ? count : p.max_copies - first;
+  return {static_cast<int32_t>(first), static_cast<int32_t>(count)};
+}
+
+UKV_HOST_DEVICE bool copy_in_bounds(const RowCopyParams& p, int32_t src, int32_t dst, int32_t rows) {
+  return rows > 0 && src >= 0 && dst >= 0 && src <= p.plane_rows - rows && dst <= p.plane_rows - rows;
 }
 
 }  // namespace ukv::kernels

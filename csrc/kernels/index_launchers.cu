@@ -13,6 +13,8 @@
 #include "kernels/index_metadata.cuh"
 #include "kernels/paged_decode_indices.cuh"
 #include "kernels/paged_prefill_indices.cuh"
+#include "kernels/row_copies.cuh"
+#include "kernels/swa_slot_mapping.cuh"
 
 namespace ukv::kernels {
 namespace {
@@ -23,6 +25,12 @@ constexpr int32_t kTargetBlocks = 256;
 
 // A grid dimension: the launch sizes fit int32 (token counts are int32).
 int32_t blocks_of(int64_t a, int64_t b) { return static_cast<int32_t>(ceil_div(a, b)); }
+
+// Whether every output's SWA rows are the slot layouts' (one row for all).
+bool all_plain(const SwaRows (&rows)[3]) {
+  return is_plain(rows[0]) && is_plain(rows[1]) && is_plain(rows[2]) && rows[1].page.value == rows[0].page.value &&
+         rows[2].page.value == rows[0].page.value;
+}
 
 template <int kThreads, int kVectors, SkipSource kSource>
 gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream) {
@@ -73,8 +81,10 @@ gpu::Error launch_paged_decode_indices(const PagedDecodeParams& p, gpu::Stream s
   if (p.num_tokens == 0) return gpu::kSuccess;
   constexpr int kThreads = 128;
   constexpr int kGroup = 64;
-  return gpu::launch(paged_decode_indices_kernel<kThreads, kGroup>, blocks_of(p.num_tokens, kThreads / kGroup), kThreads,
-                     stream, p);
+  const int32_t blocks = blocks_of(p.num_tokens, kThreads / kGroup);
+  if (all_plain(p.swa_rows))
+    return gpu::launch(paged_decode_indices_kernel<kThreads, kGroup, true>, blocks, kThreads, stream, p);
+  return gpu::launch(paged_decode_indices_kernel<kThreads, kGroup, false>, blocks, kThreads, stream, p);
 }
 
 namespace {
@@ -103,8 +113,10 @@ gpu::Error launch_paged_prefill_indices(const PagedPrefillParams& p, gpu::Stream
   if (p.num_tokens == 0) return gpu::kSuccess;
   constexpr int kThreads = 128;
   constexpr int kGroup = 64;
-  return gpu::launch(paged_prefill_indices_kernel<kThreads, kGroup>, blocks_of(p.num_tokens, kThreads / kGroup), kThreads,
-                     stream, p);
+  const int32_t blocks = blocks_of(p.num_tokens, kThreads / kGroup);
+  if (all_plain(p.swa_rows))
+    return gpu::launch(paged_prefill_indices_kernel<kThreads, kGroup, true>, blocks, kThreads, stream, p);
+  return gpu::launch(paged_prefill_indices_kernel<kThreads, kGroup, false>, blocks, kThreads, stream, p);
 }
 
 namespace {
@@ -152,6 +164,25 @@ gpu::Error launch_prefill_index_metadata(const PrefillMetadataParams& p, gpu::St
   return launch_metadata(p.num_tokens, [&](auto threads, const MetadataGrid& g) {
     return gpu::launch(prefill_index_metadata_kernel<threads()>, g.blocks, threads(), stream, p, g.segment);
   });
+}
+
+gpu::Error launch_swa_slot_mapping(const SwaSlotMappingParams& p, gpu::Stream stream) {
+  if (p.num_tokens == 0) return gpu::kSuccess;
+  constexpr int kThreads = 128;
+  return gpu::launch(swa_slot_mapping_kernel<kThreads>, blocks_of(p.num_tokens, kThreads), kThreads, stream, p);
+}
+
+// One launch per phase (the counts are on the device: every phase is
+// launched), each at most kTargetBlocks blocks striding over its entries.
+gpu::Error launch_apply_row_copies(const RowCopyParams& p, gpu::Stream stream) {
+  if (p.max_copies == 0 || p.num_planes == 0) return gpu::kSuccess;
+  constexpr int kThreads = 256;
+  const int32_t blocks = std::min(p.max_copies, kTargetBlocks);
+  for (int32_t phase = 0; phase < p.num_phases; ++phase) {
+    const gpu::Error err = gpu::launch(apply_row_copies_kernel<kThreads>, blocks, kThreads, stream, p, phase);
+    if (err != gpu::kSuccess) return err;
+  }
+  return gpu::kSuccess;
 }
 
 }  // namespace ukv::kernels

@@ -43,6 +43,24 @@ inline Divisor make_divisor(int32_t value) {
   return {value, static_cast<uint32_t>(multiplier), 31 + l};
 }
 
+// Where a sequence's SWA position a lives (one layer class; ServeConfig and
+// KvPlan.layer_swa_rows): with id = table[a / page] and q = a % page,
+//   row = id * unit_rows + offset + (q / group) * group_stride + q % group.
+// The slot layouts are "plain": page = unit_rows = group = group_stride =
+// block_size and offset 0, i.e. row = id * block_size + a % block_size.
+struct SwaRows {
+  Divisor page;
+  int32_t unit_rows;
+  int32_t offset;
+  Divisor group;
+  int32_t group_stride;
+};
+
+inline bool is_plain(const SwaRows& r) {
+  return r.unit_rows == r.page.value && r.offset == 0 && r.group.value == r.page.value &&
+         r.group_stride == r.page.value;
+}
+
 // A [rows, cols] int32 matrix read as data[r * row_stride + c * col_stride].
 struct Table {
   const int32_t* data;
@@ -78,11 +96,12 @@ struct CsaTranslatePackParams {
   int32_t num_tokens;
   int32_t window;
   Divisor rows_per_block;  // k = block_size / compress_ratio
+  int32_t block_stride;    // rows between consecutive blocks: k, or the envelope in the row space
   int32_t compress_base;
 };
 
 struct PagedDecodeParams {
-  Table swa_table;  // [B, cols] SWA block ids
+  Table swa_table;  // [B, cols] SWA page ids
   Positions positions;
   const int32_t* batch_id;
   SlicedOutput swa;
@@ -90,7 +109,7 @@ struct PagedDecodeParams {
   SlicedOutput hca;  // data == nullptr when not requested
   int32_t num_tokens;
   int32_t window;
-  Divisor block_size;
+  SwaRows swa_rows[3];  // of the SWA, CSA and HCA outputs (one page and unit size)
 };
 
 struct HcaDecodeParams {
@@ -100,6 +119,7 @@ struct HcaDecodeParams {
   SlicedOutput out;
   int32_t num_tokens;
   Divisor rows_per_block;
+  int32_t block_stride;
   int32_t compress_base;
 };
 
@@ -117,10 +137,37 @@ struct PagedPrefillParams {
   SlicedOutput hca;
   int32_t num_tokens;
   int32_t window;
-  Divisor block_size;
+  SwaRows swa_rows[3];  // of the SWA, CSA and HCA outputs' SWA prefix
   int32_t hca_ratio;
   Divisor hca_rows_per_block;
+  int32_t hca_block_stride;
   int32_t compress_base;
+};
+
+// The SWA row each new token is written at (-1 for padding and for positions
+// whose page the table does not hold).
+struct SwaSlotMappingParams {
+  Table swa_table;
+  Positions positions;
+  const int32_t* batch_id;
+  int32_t* out;  // [T]
+  int32_t num_tokens;
+  SwaRows swa_rows;
+};
+
+// Row copies of the row-space layout: entries [first, first + count[phase])
+// of copies ([*, 3]: src_row, dst_row, rows) for each phase in turn, in each
+// plane (rows of row_bytes bytes).
+constexpr int32_t kMaxPlanes = 4;
+struct RowCopyParams {
+  const int32_t* copies;
+  const int32_t* counts;  // [num_phases], on the device
+  int32_t max_copies;
+  int32_t num_phases;
+  int32_t num_planes;
+  uint8_t* planes[kMaxPlanes];
+  int64_t row_bytes[kMaxPlanes];
+  int64_t plane_rows;     // every plane's rows (copies outside them are skipped)
 };
 
 struct DecodeMetadataParams {

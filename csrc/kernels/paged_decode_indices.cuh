@@ -6,9 +6,11 @@
 // window, so its tail is the whole slice.
 //
 // One group of kGroup threads per token, several tokens per block (a window
-// is 128 cells: half a block's worth of work would idle); a window row is
-// looked up once and stored into every requested buffer. Consecutive threads
-// write consecutive cells.
+// is 128 cells: half a block's worth of work would idle); a window position's
+// unit is looked up once and its row stored into every requested buffer
+// (kPlain: the same row in all, the slot layouts; else each output's layer
+// class has its own rows in the unit). Consecutive threads write consecutive
+// cells.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +24,7 @@ namespace ukv::kernels {
 // Every per-token load is issued before any is used (a padding token is not
 // an early return but a window of 0), so the only wait before the table
 // lookups is one memory round trip.
-template <int kThreads, int kGroup>
+template <int kThreads, int kGroup, bool kPlain>
 __global__ void paged_decode_indices_kernel(PagedDecodeParams p) {
   gpu::after_prior_kernels();
   const ThreadGroup g = thread_group<kThreads, kGroup>();
@@ -43,10 +45,12 @@ __global__ void paged_decode_indices_kernel(PagedDecodeParams p) {
   const int32_t first = pos - n + 1;
 #pragma unroll 2
   for (int32_t i = g.lane; i < n; i += kGroup) {
-    const int32_t row = swa_row(p.swa_table, bid, first + i, p.block_size);
+    const int32_t a = first + i;
+    const int32_t unit = swa_unit(p.swa_table, bid, a, p.swa_rows[0].page);
+    const int32_t row = swa_row_in<kPlain>(unit, a, p.swa_rows[0]);
     store_in_slice(p.swa, swa_bounds, swa_end - n + i, row);
-    if (with_csa) store_in_slice(p.csa, csa_bounds, csa_end - n + i, row);
-    if (with_hca) store_in_slice(p.hca, hca_bounds, hca_end - n + i, row);
+    if (with_csa) store_in_slice(p.csa, csa_bounds, csa_end - n + i, kPlain ? row : swa_row_in<false>(unit, a, p.swa_rows[1]));
+    if (with_hca) store_in_slice(p.hca, hca_bounds, hca_end - n + i, kPlain ? row : swa_row_in<false>(unit, a, p.swa_rows[2]));
   }
 }
 

@@ -1,9 +1,11 @@
 // bind_compress_view (SPEC §2.1): the [N, k, head_dim] view through which a
 // layer's main compressor writes, kv_cache[block, slot] = row
-// compress_base + block * k + slot of unified_kv. In the unified layout
-// (compress_base 0) it is the whole tensor, N = rows / k; in the static split
-// it is the rows after the SWA region. Works the same for the rope plane,
-// which shares the row addressing.
+// compress_base + block * stride + slot of unified_kv, the stride being k
+// unless given. In the unified layout (compress_base 0) it is the whole
+// tensor, N = rows / k; in the static split it is the rows after the SWA
+// region; in the row-space layout (stride = the envelope) every envelope's
+// rows of this layer, N = the envelopes whose block lies inside the tensor.
+// Works the same for the rope plane, which shares the row addressing.
 //
 // Registered as CompositeImplicitAutograd: it is narrow + view, so autograd,
 // fake tensors, functionalization and torch.compile see plain aten views and
@@ -11,6 +13,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
+
+#include <optional>
 
 #include "core/errors.h"
 #include "core/sizing.h"
@@ -21,7 +25,7 @@ namespace {
 constexpr const char* kOp = "bind_compress_view";
 
 at::Tensor bind_compress_view(const at::Tensor& unified_kv, int64_t compress_base, int64_t compress_ratio,
-                              int64_t block_size) {
+                              int64_t block_size, std::optional<int64_t> block_stride) {
   TORCH_CHECK_VALUE(unified_kv.dim() == 2, kOp, ": unified_kv must be 2-D [rows, head_dim], got ", unified_kv.dim(),
                     "-D");
   TORCH_CHECK_VALUE(compress_ratio > 0, kOp, ": compress_ratio must be > 0 (a dense layer has no compress view), got ",
@@ -36,6 +40,16 @@ at::Tensor bind_compress_view(const at::Tensor& unified_kv, int64_t compress_bas
   TORCH_CHECK_VALUE(compress_base >= 0 && compress_base <= rows, kOp, ": compress_base must be in [0, ", rows,
                     "] (the rows of unified_kv), got ", compress_base);
   const int64_t compress_rows = rows - compress_base;
+  if (block_stride.has_value()) {
+    TORCH_CHECK_VALUE(*block_stride >= k, kOp, ": block_stride must be >= k = ", k, " (blocks must not overlap), got ",
+                      *block_stride);
+    TORCH_CHECK_VALUE(unified_kv.stride(1) == 1, kOp, ": unified_kv's rows must be contiguous, got strides ",
+                      unified_kv.strides());
+    const int64_t blocks = compress_rows < k ? 0 : (compress_rows - k) / *block_stride + 1;
+    const int64_t row = unified_kv.stride(0);
+    return unified_kv.narrow(0, compress_base, compress_rows)
+        .as_strided({blocks, k, unified_kv.size(1)}, {*block_stride * row, row, 1});
+  }
   TORCH_CHECK_VALUE(compress_rows % k == 0, kOp, ": the ", compress_rows, " rows from compress_base ", compress_base,
                     " are not a whole number of ", k, "-row compress blocks");
   return unified_kv.narrow(0, compress_base, compress_rows).view({compress_rows / k, k, unified_kv.size(1)});

@@ -93,6 +93,38 @@ class ArgChecker {
     return static_cast<int32_t>(k);
   }
 
+  // Rows between consecutive compress blocks: k unless given (the row space's envelope).
+  int32_t block_stride(const std::optional<int64_t>& stride, int32_t k, const char* name) const {
+    if (!stride.has_value()) return k;
+    TORCH_CHECK_VALUE(*stride >= k && *stride <= kInt32Max, op_, ": ", name, " must be in [k = ", k, ", ",
+                      kInt32Max, "] (blocks of k rows must not overlap) or None, got ", *stride);
+    return static_cast<int32_t>(*stride);
+  }
+
+  // A layer class's SWA row constants (KvPlan.layer_swa_rows): None is the
+  // slot layouts' formula for block_size.
+  kernels::SwaRows swa_rows(const std::optional<std::vector<int64_t>>& v, const char* name, int64_t block_size) {
+    const int32_t bs = scalar(block_size, "block_size", 1);
+    if (!v.has_value()) return {kernels::make_divisor(bs), bs, 0, kernels::make_divisor(bs), bs};
+    TORCH_CHECK_VALUE(v->size() == 5, op_, ": ", name,
+                      " must be None or 5 ints [page tokens, unit rows, offset, group, group stride], got ", v->size(),
+                      " values");
+    const std::vector<int64_t>& r = *v;
+    const int32_t page = scalar(r[0], "the page tokens of swa_rows", 1);
+    const int32_t group = scalar(r[3], "the group of swa_rows", 1);
+    TORCH_CHECK_VALUE(page % group == 0, op_, ": ", name, ": the group ", group, " must divide the page ", page);
+    return {kernels::make_divisor(page), scalar(r[1], "the unit rows of swa_rows", 1),
+            scalar(r[2], "the offset of swa_rows", 0), kernels::make_divisor(group),
+            scalar(r[4], "the group stride of swa_rows", 1)};
+  }
+
+  // The outputs of one call share the SWA units: one page size, one unit size.
+  void same_units(const kernels::SwaRows& a, const kernels::SwaRows& b, const char* name) const {
+    TORCH_CHECK_VALUE(a.page.value == b.page.value && a.unit_rows == b.unit_rows, op_, ": ", name,
+                      " must have swa_rows' page tokens and unit rows (", a.page.value, ", ", a.unit_rows, "), got (",
+                      b.page.value, ", ", b.unit_rows, ")");
+  }
+
   int32_t num_tokens(const at::Tensor& batch_id) {
     on_device(batch_id, "batch_id");
     int32_dtype(batch_id, "batch_id");
@@ -109,6 +141,8 @@ class ArgChecker {
   }
 
   const char* op() const { return op_; }
+  // Any dtype, on the call's device.
+  void same_device(const at::Tensor& t, const char* name) { on_device(t, name); }
 
  private:
   void on_device(const at::Tensor& t, const char* name) {
@@ -152,6 +186,7 @@ kernels::CsaTranslatePackParams check(c10::DeviceType device_type, const CsaTran
   p.topk_col_stride = topk_local.stride(1);
   p.topk_width = static_cast<int32_t>(topk_local.size(1));
   p.rows_per_block = kernels::make_divisor(c.rows_per_block(compress_ratio, block_size));
+  p.block_stride = c.block_stride(block_stride, p.rows_per_block.value, "block_stride");
   p.table = c.table(block_table, "block_table", -1);
   c.table_entries_fit(p.table, "block_table", p.rows_per_block.value);
   p.positions = c.positions(positions, p.num_tokens);
@@ -188,7 +223,11 @@ kernels::PagedDecodeParams check(c10::DeviceType device_type, const PagedDecodeI
   if (hca_indices.has_value())
     p.hca = c.sliced_output(*hca_indptr, "hca_indptr", *hca_indices, "hca_indices", p.num_tokens);
   p.window = c.scalar(window, "window", 1);
-  p.block_size = kernels::make_divisor(c.scalar(block_size, "block_size", 1));
+  p.swa_rows[0] = c.swa_rows(swa_rows, "swa_rows", block_size);
+  p.swa_rows[1] = c.swa_rows(csa_swa_rows, "csa_swa_rows", block_size);
+  p.swa_rows[2] = c.swa_rows(hca_swa_rows, "hca_swa_rows", block_size);
+  c.same_units(p.swa_rows[0], p.swa_rows[1], "csa_swa_rows");
+  c.same_units(p.swa_rows[0], p.swa_rows[2], "hca_swa_rows");
   return p;
 }
 
@@ -199,6 +238,7 @@ kernels::HcaDecodeParams check(c10::DeviceType device_type, const HcaDecodeIndic
   p.num_tokens = c.num_tokens(batch_id);
   p.batch_id = batch_id.data_ptr<int32_t>();
   p.rows_per_block = kernels::make_divisor(c.rows_per_block(compress_ratio, block_size));
+  p.block_stride = c.block_stride(block_stride, p.rows_per_block.value, "block_stride");
   p.table = c.table(hca_block_table, "hca_block_table", -1);
   c.table_entries_fit(p.table, "hca_block_table", p.rows_per_block.value);
   p.n_committed = c.vector(n_committed_hca, "n_committed_hca", p.table.rows);
@@ -217,6 +257,7 @@ kernels::PagedPrefillParams check(c10::DeviceType device_type, const PagedPrefil
   p.swa_table = c.table(swa_block_table, "swa_block_table", -1);
   const int64_t num_seqs = p.swa_table.rows;
   p.hca_rows_per_block = kernels::make_divisor(c.rows_per_block(compress_ratio, block_size));
+  p.hca_block_stride = c.block_stride(hca_block_stride, p.hca_rows_per_block.value, "hca_block_stride");
   p.hca_table = c.table(hca_block_table, "hca_block_table", num_seqs);
   c.table_entries_fit(p.hca_table, "hca_block_table", p.hca_rows_per_block.value);
   p.chunk_start = c.vector(chunk_start, "chunk_start", num_seqs);
@@ -228,7 +269,11 @@ kernels::PagedPrefillParams check(c10::DeviceType device_type, const PagedPrefil
   p.hca = c.sliced_output(hca_indptr, "hca_indptr", hca_indices, "hca_indices", p.num_tokens);
   p.compress_base = c.scalar(compress_base, "compress_base", 0);
   p.window = c.scalar(window, "window", 1);
-  p.block_size = kernels::make_divisor(static_cast<int32_t>(block_size));
+  p.swa_rows[0] = c.swa_rows(swa_rows, "swa_rows", block_size);
+  p.swa_rows[1] = c.swa_rows(csa_swa_rows, "csa_swa_rows", block_size);
+  p.swa_rows[2] = c.swa_rows(hca_swa_rows, "hca_swa_rows", block_size);
+  c.same_units(p.swa_rows[0], p.swa_rows[1], "csa_swa_rows");
+  c.same_units(p.swa_rows[0], p.swa_rows[2], "hca_swa_rows");
   p.hca_ratio = static_cast<int32_t>(compress_ratio);
   return p;
 }
@@ -272,6 +317,50 @@ kernels::PrefillMetadataParams check(c10::DeviceType device_type, const PrefillI
   p.index_topk = c.scalar(index_topk, "index_topk", 0);
   p.csa_ratio = c.scalar(csa_ratio, "csa_ratio", 1);
   p.hca_ratio = c.scalar(hca_ratio, "hca_ratio", 1);
+  return p;
+}
+
+kernels::SwaSlotMappingParams check(c10::DeviceType device_type, const SwaSlotMapping::Args& a) {
+  UKV_SWA_SLOT_MAPPING_ARGS(UKV_OP_ARG_BIND)
+  ArgChecker c("swa_slot_mapping", device_type);
+  kernels::SwaSlotMappingParams p{};
+  p.num_tokens = c.num_tokens(batch_id);
+  p.batch_id = batch_id.data_ptr<int32_t>();
+  p.positions = c.positions(positions, p.num_tokens);
+  p.swa_table = c.table(swa_block_table, "swa_block_table", -1);
+  p.out = c.vector(slot_mapping, "slot_mapping", p.num_tokens);
+  p.swa_rows = c.swa_rows(swa_rows, "swa_rows", block_size);
+  return p;
+}
+
+kernels::RowCopyParams check(c10::DeviceType device_type, const ApplyRowCopies::Args& a) {
+  UKV_APPLY_ROW_COPIES_ARGS(UKV_OP_ARG_BIND)
+  constexpr const char* op = "apply_row_copies";
+  ArgChecker c(op, device_type);
+  kernels::RowCopyParams p{};
+  TORCH_CHECK_VALUE(planes.size() <= static_cast<size_t>(kernels::kMaxPlanes), op, ": planes must hold at most ",
+                    kernels::kMaxPlanes, " tensors, got ", planes.size());
+  c.matrix(copies, "copies", "[max_copies, 3]", -1);
+  TORCH_CHECK_VALUE(copies.size(1) == 3 && copies.stride(1) == 1 && (copies.size(0) <= 1 || copies.stride(0) == 3), op,
+                    ": copies must be a contiguous [max_copies, 3] tensor (src_row, dst_row, rows), got ",
+                    copies.sizes(), " with strides ", copies.strides());
+  p.copies = copies.data_ptr<int32_t>();
+  p.max_copies = static_cast<int32_t>(copies.size(0));
+  p.num_phases = c.num_seqs(copy_counts, "copy_counts");  // one count per phase
+  p.counts = copy_counts.data_ptr<int32_t>();
+  p.num_planes = static_cast<int32_t>(planes.size());
+  for (size_t i = 0; i < planes.size(); ++i) {
+    const at::Tensor& plane = planes[i];
+    c.same_device(plane, "planes");
+    TORCH_CHECK_VALUE(plane.dim() == 2 && plane.stride(1) == 1 && (plane.size(0) <= 1 || plane.stride(0) == plane.size(1)),
+                      op, ": planes[", i, "] must be a contiguous 2-D [rows, width] tensor, got ", plane.sizes(),
+                      " with strides ", plane.strides());
+    TORCH_CHECK_VALUE(i == 0 || plane.size(0) == planes[0].size(0), op, ": every plane must have planes[0]'s ",
+                      planes[0].size(0), " rows, planes[", i, "] has ", plane.size(0));
+    p.planes[i] = static_cast<uint8_t*>(plane.data_ptr());
+    p.row_bytes[i] = plane.size(1) * static_cast<int64_t>(plane.element_size());
+  }
+  p.plane_rows = planes.empty() ? 0 : planes[0].size(0);
   return p;
 }
 

@@ -24,5 +24,7 @@ kernels::HcaDecodeParams check(c10::DeviceType device_type, const HcaDecodeIndic
 kernels::PagedPrefillParams check(c10::DeviceType device_type, const PagedPrefillIndices::Args& a);
 kernels::DecodeMetadataParams check(c10::DeviceType device_type, const DecodeIndexMetadata::Args& a);
 kernels::PrefillMetadataParams check(c10::DeviceType device_type, const PrefillIndexMetadata::Args& a);
+kernels::SwaSlotMappingParams check(c10::DeviceType device_type, const SwaSlotMapping::Args& a);
+kernels::RowCopyParams check(c10::DeviceType device_type, const ApplyRowCopies::Args& a);
 
 }  // namespace ukv::ops

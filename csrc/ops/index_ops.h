@@ -21,6 +21,8 @@ inline const at::Tensor& anchor(const HcaDecodeIndices::Args& a) { return a.hca_
 inline const at::Tensor& anchor(const PagedPrefillIndices::Args& a) { return a.hca_indices; }
 inline const at::Tensor& anchor(const DecodeIndexMetadata::Args& a) { return a.swa_indptr; }
 inline const at::Tensor& anchor(const PrefillIndexMetadata::Args& a) { return a.extend_indptr; }
+inline const at::Tensor& anchor(const SwaSlotMapping::Args& a) { return a.slot_mapping; }
+inline const at::Tensor& anchor(const ApplyRowCopies::Args& a) { return a.copies; }
 
 template <class Backend, class Op>
 void run_index_op(const typename Op::Args& a) {
@@ -40,6 +42,8 @@ void register_index_ops(torch::Library& m) {
   register_index_op<Backend, PagedPrefillIndices>(m);
   register_index_op<Backend, DecodeIndexMetadata>(m);
   register_index_op<Backend, PrefillIndexMetadata>(m);
+  register_index_op<Backend, SwaSlotMapping>(m);
+  register_index_op<Backend, ApplyRowCopies>(m);
 }
 
 }  // namespace ukv::ops

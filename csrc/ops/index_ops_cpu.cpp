@@ -4,6 +4,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cstring>
+
 #include "kernels/index_formulas.h"
 #include "ops/index_ops.h"
 
@@ -35,7 +37,8 @@ struct CpuBackend {
       const int32_t* row = p.topk + t * p.topk_row_stride;
       for (int32_t i = 0; i < valid_k; ++i)
         store_in_slice(p.out, bounds, begin + i,
-                       compress_row(p.table, bid, row[i * p.topk_col_stride], p.rows_per_block, p.compress_base));
+                       compress_row(p.table, bid, row[i * p.topk_col_stride], p.rows_per_block, p.block_stride,
+                                    p.compress_base));
     });
   }
 
@@ -45,12 +48,14 @@ struct CpuBackend {
       if (!is_real_token(bid, p.swa_table.rows)) return;
       const int32_t pos = load_position(p.positions, t);
       const int32_t n = swa_window_count(pos, p.window);
-      for (const SlicedOutput* out : {&p.swa, &p.csa, &p.hca}) {
-        if (out->data == nullptr) continue;
-        const SliceBounds bounds = slice_bounds(*out, t);
-        const int64_t tail = out->indptr[t + 1] - n;
+      const SlicedOutput* outputs[3] = {&p.swa, &p.csa, &p.hca};
+      for (int o = 0; o < 3; ++o) {
+        const SlicedOutput& out = *outputs[o];
+        if (out.data == nullptr) continue;
+        const SliceBounds bounds = slice_bounds(out, t);
+        const int64_t tail = out.indptr[t + 1] - n;
         for (int32_t i = 0; i < n; ++i)
-          store_in_slice(*out, bounds, tail + i, swa_row(p.swa_table, bid, pos - n + 1 + i, p.block_size));
+          store_in_slice(out, bounds, tail + i, swa_row<false>(p.swa_table, bid, pos - n + 1 + i, p.swa_rows[o]));
       }
     });
   }
@@ -63,7 +68,8 @@ struct CpuBackend {
       const SliceBounds bounds = slice_bounds(p.out, t);
       const int64_t begin = p.out.indptr[t];
       for (int32_t e = 0; e < n; ++e)
-        store_in_slice(p.out, bounds, begin + e, compress_row(p.table, bid, e, p.rows_per_block, p.compress_base));
+        store_in_slice(p.out, bounds, begin + e,
+                       compress_row(p.table, bid, e, p.rows_per_block, p.block_stride, p.compress_base));
     });
   }
 
@@ -84,17 +90,17 @@ struct CpuBackend {
       const SliceBounds hca_bounds = slice_bounds(p.hca, t);
       const int64_t csa_tail = p.csa.indptr[t + 1] - w.prefix_swa_count;
       for (int32_t i = 0; i < w.prefix_swa_count; ++i) {
-        const int32_t row = swa_row(p.swa_table, bid, w.swa_low + i, p.block_size);
-        store_in_slice(p.swa, swa_bounds, p.swa.indptr[t] + i, row);
-        store_in_slice(p.csa, csa_bounds, csa_tail + i, row);
-        store_in_slice(p.hca, hca_bounds, p.hca.indptr[t] + i, row);
+        const int32_t a = w.swa_low + i;
+        store_in_slice(p.swa, swa_bounds, p.swa.indptr[t] + i, swa_row<false>(p.swa_table, bid, a, p.swa_rows[0]));
+        store_in_slice(p.csa, csa_bounds, csa_tail + i, swa_row<false>(p.swa_table, bid, a, p.swa_rows[1]));
+        store_in_slice(p.hca, hca_bounds, p.hca.indptr[t] + i, swa_row<false>(p.swa_table, bid, a, p.swa_rows[2]));
       }
 
       const int32_t n_hca = prefill_hca_count(p, pos, bid);
       const int64_t hca_compress_begin = static_cast<int64_t>(p.hca.indptr[t]) + w.prefix_swa_count;
       for (int32_t e = 0; e < n_hca; ++e)
         store_in_slice(p.hca, hca_bounds, hca_compress_begin + e,
-                       compress_row(p.hca_table, bid, e, p.hca_rows_per_block, p.compress_base));
+                       compress_row(p.hca_table, bid, e, p.hca_rows_per_block, p.hca_block_stride, p.compress_base));
     });
   }
 
@@ -106,6 +112,24 @@ struct CpuBackend {
       p.swa_indptr[t + 1] = swa += c.swa;
       p.csa_indptr[t + 1] = csa += c.csa;
       p.hca_indptr[t + 1] = hca += c.hca;
+    }
+  }
+
+  static void run(const SwaSlotMappingParams& p, const at::Tensor&) {
+    for_each_token(p.num_tokens, [&](int32_t t) { p.out[t] = swa_slot_of(p, t); });
+  }
+
+  // Phase by phase, in order; the copies of one phase touch disjoint rows.
+  static void run(const RowCopyParams& p, const at::Tensor&) {
+    for (int32_t phase = 0; phase < p.num_phases; ++phase) {
+      const PhaseSpan span = phase_span(p, phase);
+      for (int32_t i = 0; i < span.count; ++i) {
+        const int32_t* c = p.copies + 3 * static_cast<int64_t>(span.first + i);
+        if (!copy_in_bounds(p, c[0], c[1], c[2])) continue;
+        for (int32_t plane = 0; plane < p.num_planes; ++plane)
+          std::memmove(p.planes[plane] + c[1] * p.row_bytes[plane], p.planes[plane] + c[0] * p.row_bytes[plane],
+                       static_cast<size_t>(c[2] * p.row_bytes[plane]));
+      }
     }
   }
 

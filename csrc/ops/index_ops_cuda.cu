@@ -21,6 +21,8 @@ gpu::Error launch(const HcaDecodeParams& p, gpu::Stream s) { return launch_hca_d
 gpu::Error launch(const PagedPrefillParams& p, gpu::Stream s) { return launch_paged_prefill_indices(p, s); }
 gpu::Error launch(const DecodeMetadataParams& p, gpu::Stream s) { return launch_decode_index_metadata(p, s); }
 gpu::Error launch(const PrefillMetadataParams& p, gpu::Stream s) { return launch_prefill_index_metadata(p, s); }
+gpu::Error launch(const SwaSlotMappingParams& p, gpu::Stream s) { return launch_swa_slot_mapping(p, s); }
+gpu::Error launch(const RowCopyParams& p, gpu::Stream s) { return launch_apply_row_copies(p, s); }
 
 struct CudaBackend {
   static constexpr c10::DeviceType kDeviceType = c10::DeviceType::CUDA;

@@ -10,8 +10,9 @@
 // schema when ukv_torch is imported.
 //
 // Kinds: In (Tensor), OptIn (Tensor?), OutA..OutE (Tensor(x!), written in
-// place), OptOutB/OptOutC (Tensor(x!)?), Int (int) and OptInt (int?). Every
-// entry after the first Int is keyword-only, as in the schemas.
+// place), OptOutB/OptOutC (Tensor(x!)?), OutListA (Tensor(a!)[]), Int (int),
+// OptInt (int?) and OptInts (int[]?). Every entry after the first int-like
+// one is keyword-only, as in the schemas.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -33,10 +34,13 @@ struct OutD { using type = at::Tensor; static constexpr const char* schema = "Te
 struct OutE { using type = at::Tensor; static constexpr const char* schema = "Tensor(e!)"; };
 struct OptOutB { using type = std::optional<at::Tensor>; static constexpr const char* schema = "Tensor(b!)?"; };
 struct OptOutC { using type = std::optional<at::Tensor>; static constexpr const char* schema = "Tensor(c!)?"; };
+struct OutListA { using type = std::vector<at::Tensor>; static constexpr const char* schema = "Tensor(a!)[]"; };
 struct Int { using type = int64_t; static constexpr const char* schema = "int"; };
+struct OptInt { using type = std::optional<int64_t>; static constexpr const char* schema = "int?"; };
+struct OptInts { using type = std::optional<std::vector<int64_t>>; static constexpr const char* schema = "int[]?"; };
 
-// One argument of a schema: its text and whether it is an int (the first int
-// starts the keyword-only part).
+// One argument of a schema: its text and whether it is int-like (the first
+// one starts the keyword-only part).
 struct SchemaArg {
   std::string text;
   bool is_int;
@@ -46,7 +50,8 @@ template <class Kind>
 SchemaArg schema_arg(const char* name, const char* default_value) {
   std::string text = std::string(Kind::schema) + " " + name;
   if (*default_value) text += std::string("=") + default_value;
-  return {text, std::is_same<Kind, Int>::value};
+  return {text, std::is_same<Kind, Int>::value || std::is_same<Kind, OptInt>::value ||
+                    std::is_same<Kind, OptInts>::value};
 }
 
 // "name(args) -> ()" with "*" before the first int argument.
@@ -58,6 +63,13 @@ inline void read_arg(const c10::IValue& v, std::optional<at::Tensor>& out) {
   out = v.isNone() ? std::nullopt : std::optional<at::Tensor>(v.toTensor());
 }
 inline void read_arg(const c10::IValue& v, int64_t& out) { out = v.toInt(); }
+inline void read_arg(const c10::IValue& v, std::vector<at::Tensor>& out) { out = v.toTensorVector(); }
+inline void read_arg(const c10::IValue& v, std::optional<int64_t>& out) {
+  out = v.isNone() ? std::nullopt : std::optional<int64_t>(v.toInt());
+}
+inline void read_arg(const c10::IValue& v, std::optional<std::vector<int64_t>>& out) {
+  out = v.isNone() ? std::nullopt : std::optional<std::vector<int64_t>>(v.toIntVector());
+}
 
 #define UKV_OP_ARG_MEMBER(kind, name, default_value) typename kind::type name;
 #define UKV_OP_ARG_SCHEMA(kind, name, default_value) schema_arg<kind>(#name, default_value),

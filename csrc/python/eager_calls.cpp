@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "python/eager_calls.h"
 
@@ -35,6 +36,42 @@ void destroy_handle(PyObject* capsule) {
   delete static_cast<c10::OperatorHandle*>(PyCapsule_GetPointer(capsule, kCapsuleName));
 }
 
+std::optional<int64_t> to_int(PyObject* obj) {
+  if (!PyLong_CheckExact(obj)) return std::nullopt;
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  if (overflow != 0) return std::nullopt;
+  return static_cast<int64_t>(v);
+}
+
+// A list or tuple of exact ints (int[]) or exact tensors (Tensor[]).
+std::optional<c10::IValue> to_list(PyObject* obj, c10::TypeKind element) {
+  if (!PyList_CheckExact(obj) && !PyTuple_CheckExact(obj)) return std::nullopt;
+  PyObject* seq = obj;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  if (element == c10::TypeKind::IntType) {
+    std::vector<int64_t> out;
+    out.reserve(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      const std::optional<int64_t> v = to_int(items[i]);
+      if (!v) return std::nullopt;
+      out.push_back(*v);
+    }
+    return c10::IValue(out);
+  }
+  if (element == c10::TypeKind::TensorType) {
+    std::vector<at::Tensor> out;
+    out.reserve(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (!THPVariable_CheckExact(items[i])) return std::nullopt;
+      out.push_back(THPVariable_Unpack(items[i]));
+    }
+    return c10::IValue(out);
+  }
+  return std::nullopt;
+}
+
 // One argument as the schema's type wants it, or nullopt when only the
 // torch.ops path can take it.
 std::optional<c10::IValue> to_ivalue(PyObject* obj, const c10::TypePtr& type) {
@@ -46,12 +83,12 @@ std::optional<c10::IValue> to_ivalue(PyObject* obj, const c10::TypePtr& type) {
       if (!THPVariable_CheckExact(obj)) return std::nullopt;
       return c10::IValue(THPVariable_Unpack(obj));
     case c10::TypeKind::IntType: {
-      if (!PyLong_CheckExact(obj)) return std::nullopt;
-      int overflow = 0;
-      const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-      if (overflow != 0) return std::nullopt;
-      return c10::IValue(static_cast<int64_t>(v));
+      const std::optional<int64_t> v = to_int(obj);
+      if (!v) return std::nullopt;
+      return c10::IValue(*v);
     }
+    case c10::TypeKind::ListType:
+      return to_list(obj, inner->castRaw<c10::ListType>()->getElementType()->kind());
     default:
       return std::nullopt;
   }
@@ -65,6 +102,7 @@ std::optional<c10::IValue> to_ivalue(PyObject* obj, const c10::TypePtr& type) {
 bool computes_on_host(const torch::jit::Stack& stack) {
   for (const c10::IValue& v : stack) {
     if (v.isTensor()) return v.toTensor().is_cpu();
+    if (v.isTensorList() && !v.toTensorList().empty()) return v.toTensorList().get(0).is_cpu();
   }
   return true;
 }
