@@ -141,6 +141,7 @@ class PoolModel:
         _require(0 <= shared_slots <= num_slots, "shared_slots")
         self.num_slots, self.k, self.block_size, self.shared_slots = num_slots, k, block_size, shared_slots
         self.blocks_per_slot = block_size // k if k else 0
+        self.compress_ratio = self.blocks_per_slot  # block_size // k; 0 for an SWA-only pool
         self.role = [FREE] * num_slots
         self.free_shared = Fifo(range(shared_slots))
         self.free_own = Fifo(range(shared_slots, num_slots))
@@ -357,6 +358,9 @@ class CoordinatorModel:
 
     def ks(self):
         return [pool.k for pool in self.pools]
+
+    def compress_ratios(self):
+        return [pool.compress_ratio for pool in self.pools]
 
     def type_slots(self):
         return [pool.num_slots for pool in self.pools]
