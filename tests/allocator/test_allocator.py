@@ -60,7 +60,8 @@ class ViaTorchClass(SwaCalls):
     default CSA/HCA pair; evictions are taken after each allocation."""
 
     def __init__(self, num_swa_base, n_csa_slots, n_hca_slots, bs=128):
-        self.obj = torch.classes.ukv.Coordinator(num_swa_base, [bs // CSA_K, bs // HCA_K], [n_csa_slots, n_hca_slots], bs)
+        ratios = [bs // CSA_K, bs // HCA_K]
+        self.obj = torch.classes.ukv.Coordinator(num_swa_base, ratios, [n_csa_slots, n_hca_slots], bs)
         self.evicted = []
 
     def alloc(self, t):
@@ -705,7 +706,8 @@ def test_drop_in_pool_batch_methods():
 @pytest.mark.parametrize("make, free_many", [
     (lambda: torch_pool(4, 32), lambda pool, ids: pool.free_compress_many(ids)),
     (lambda: torch_pool(4, 32), lambda pool, ids: pool.free_swa_many(ids)),
-    (lambda: torch.classes.ukv.Coordinator(2, [CSA_RATIO], [3], 128), lambda coord, ids: coord.free_compress_many(0, ids)),
+    (lambda: torch.classes.ukv.Coordinator(2, [CSA_RATIO], [3], 128),
+     lambda coord, ids: coord.free_compress_many(0, ids)),
     (lambda: torch.classes.ukv.Coordinator(2, [CSA_RATIO], [3], 128), lambda coord, ids: coord.free_swa_many(ids)),
 ])
 def test_a_missing_batch_tensor_is_a_clear_value_error(make, free_many):
