@@ -21,7 +21,8 @@ import torch
 
 import ukv_torch
 
-NUM_SWA, NUM_BLOCKS, KS, BLOCK_SIZE = 512, 4096, [32, 1], 128
+NUM_SWA, NUM_BLOCKS, RATIOS, BLOCK_SIZE = 512, 4096, [4, 128], 128
+KS = [BLOCK_SIZE // r for r in RATIOS]  # rows per compress block of each type
 WINDOW_BLOCKS = 2      # SWA blocks a sequence keeps: a 128-token window straddles two
 MAX_BLOCKS = 96        # a sequence finishes at this length
 PAGE = resource.getpagesize()
@@ -41,8 +42,8 @@ class Seq:
 class Soak:
     def __init__(self, seed):
         self.rng = random.Random(seed)
-        self.slots = ukv_torch.slot_counts(NUM_SWA, NUM_BLOCKS, KS, BLOCK_SIZE)
-        self.coord = torch.classes.ukv.Coordinator(NUM_SWA, KS, self.slots, BLOCK_SIZE)
+        self.slots = ukv_torch.slot_counts(NUM_SWA, NUM_BLOCKS, RATIOS, BLOCK_SIZE)
+        self.coord = torch.classes.ukv.Coordinator(NUM_SWA, RATIOS, self.slots, BLOCK_SIZE)
         self.live = []
         self.ops = self.steps = self.refusals = self.preemptions = self.evictions = self.checks = 0
 
