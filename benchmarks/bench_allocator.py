@@ -36,7 +36,9 @@ from ukv_torch.testing.allocator_model import CoordinatorModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout: bench_core, git commit
 
-NUM_SWA, NUM_BLOCKS, KS = 4096, 65536, [32, 1]
+NUM_SWA, NUM_BLOCKS, RATIOS, BLOCK_SIZE = 4096, 65536, [4, 128], 128
+KS = [BLOCK_SIZE // r for r in RATIOS]  # the model's rows per compress block: 32 (CSA), 1 (HCA)
+SLOTS = ukv_torch.slot_counts(NUM_SWA, NUM_BLOCKS, RATIOS, BLOCK_SIZE)
 TYPE_NAMES = ["CSA", "HCA"]
 BATCH_SIZES = [16, 64, 256, 1024, 4096]
 CORE_TARGET_NS, BATCH_TARGET_RATIO = 50.0, 2.0
@@ -50,7 +52,7 @@ class TorchClass:
     label = "torch class (per call)"
 
     def __init__(self):
-        self.c = torch.classes.ukv.Coordinator(NUM_SWA, KS, ukv_torch.slot_counts(NUM_SWA, NUM_BLOCKS, KS), 128)
+        self.c = torch.classes.ukv.Coordinator(NUM_SWA, RATIOS, SLOTS, BLOCK_SIZE)
 
     def fill(self, t, n):
         return self.c.alloc_compress_n(t, n).tolist()
@@ -86,7 +88,7 @@ class Model:
     label = "pure-Python model"
 
     def __init__(self):
-        self.c = CoordinatorModel(NUM_SWA, KS, ukv_torch.slot_counts(NUM_SWA, NUM_BLOCKS, KS), 128)
+        self.c = CoordinatorModel(NUM_SWA, KS, SLOTS, BLOCK_SIZE)
 
     def fill(self, t, n):
         return self.c.alloc_compress_n(t, n)

@@ -27,7 +27,8 @@ import time
 import torch
 
 import ukv_torch
-from ukv_torch import _C, ops
+from ukv_torch import _C
+from ukv_torch._eager import EagerOp
 
 TOPK, WINDOW, BS = 1024, 128, 128
 
@@ -59,7 +60,9 @@ def metadata_inputs(num_tokens: int, device):
 
 
 def positional(d):
-    return (d["topk"], d["table"], d["positions"], d["batch_id"], d["indptr"], None, d["out"], 0, WINDOW, 4, BS)
+    """Every argument in schema order: the six tensors, compress_base, window, skip_per_token, compress_ratio,
+    block_size."""
+    return (d["topk"], d["table"], d["positions"], d["batch_id"], d["indptr"], d["out"], 0, WINDOW, None, 4, BS)
 
 
 def host_us(fn, iters: int, device, rounds: int = 5) -> float:
@@ -90,17 +93,18 @@ def main(argv=None):
         print("bench_host_cost: no CUDA device; nothing measured")
         return 0
     one, empty = inputs(1, device), inputs(0, device)
-    op = ops._csa_translate_pack
+    op = EagerOp("csa_translate_pack")
     args_one, args_empty = positional(one), positional(empty)
     overload = torch.ops.ukv.csa_translate_pack.default
     cells = torch.zeros(4, dtype=torch.int32, device=device)
     meta = metadata_inputs(64, device)
     timings = {
         "wrapper": lambda: ukv_torch.csa_translate_pack(one["topk"], one["table"], one["positions"], one["batch_id"],
-                                                         one["indptr"], one["out"], compress_base=0, window=WINDOW),
+                                                         one["indptr"], one["out"], compress_base=0, window=WINDOW,
+                                                         block_size=BS),
         "positional": lambda: op(*args_one),
         "eager_call": lambda: _C.eager_call(op.handle, args_one),
-        "torch.ops": lambda: overload(*args_one[:7], compress_base=0, window=WINDOW, compress_ratio=4, block_size=BS),
+        "torch.ops": lambda: overload(*args_one[:6], compress_base=0, window=WINDOW, compress_ratio=4, block_size=BS),
         "no launch (T=0)": lambda: _C.eager_call(op.handle, args_empty),
         "ATen zero_": cells.zero_,
         "decode_index_metadata wrapper (T=64)": lambda: ukv_torch.decode_index_metadata(

@@ -235,7 +235,8 @@ def csa_case(label, d, prefill):
 
     def run_op():
         ukv_torch.csa_translate_pack(d["topk"], d["csa_table"], d["positions"], d["batch_id"], d["csa_indptr"],
-                                     out_op, compress_base=0, window=0 if prefill else WINDOW, skip_per_token=skip)
+                                     out_op, compress_base=0, window=0 if prefill else WINDOW, skip_per_token=skip,
+                                     block_size=BS)
 
     return Case("csa_translate_pack", label, d["batch_id"].numel(), 12 * cells, run_op,
                 lambda: composite_csa(d, out_ref, composite_skip), lambda: ([out_op[:-1]], [out_ref[:-1]]))
@@ -249,7 +250,8 @@ def paged_decode_case(label, d):
 
     def run_op():
         ukv_torch.paged_decode_indices(d["swa_table"], d["positions"], d["batch_id"], d["swa_indptr"], op_outs[0],
-                                       d["csa_indptr"], op_outs[1], d["hca_indptr"], op_outs[2], window=WINDOW)
+                                       d["csa_indptr"], op_outs[1], d["hca_indptr"], op_outs[2], window=WINDOW,
+                                       block_size=BS)
 
     return Case("paged_decode_indices", label, d["batch_id"].numel(), 16 * cells, run_op,
                 lambda: composite_paged_decode(d, [(d[n + "_indptr"], o) for n, o in zip(names, ref_outs)]),
@@ -262,7 +264,7 @@ def hca_decode_case(label, d):
 
     def run_op():
         ukv_torch.hca_decode_indices(d["hca_table"], d["batch_id"], d["n_hca"], d["hca_indptr"], out_op,
-                                     compress_base=0)
+                                     compress_base=0, block_size=BS)
 
     return Case("hca_decode_indices", label, d["batch_id"].numel(), 8 * cells, run_op,
                 lambda: composite_hca_decode(d, out_ref), lambda: ([out_op[:-1]], [out_ref[:-1]]))
@@ -279,7 +281,8 @@ def paged_prefill_case(label, d):
     def run_op():
         ukv_torch.paged_prefill_indices(d["positions"], d["batch_id"], d["chunk_start"], d["query_start"], d["n_hca"],
                                         d["swa_table"], d["hca_table"], d["extend_indptr"], d["swa_indptr"],
-                                        d["csa_indptr"], d["hca_indptr"], *op_outs, compress_base=0, window=WINDOW)
+                                        d["csa_indptr"], d["hca_indptr"], *op_outs, compress_base=0, window=WINDOW,
+                                        block_size=BS)
 
     # Only the prefill op's cells of the CSA buffer (its SWA tails) are compared;
     # both sides leave the top-k heads at zero.

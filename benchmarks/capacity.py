@@ -15,7 +15,8 @@ import subprocess
 import sys
 import time
 
-from ukv_torch.demo.__main__ import PRESETS, SWA_SIZINGS, plan_layout, workload_copy
+from ukv_torch.demo.__main__ import (MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, PRESETS, SWA_SIZINGS, plan_layout,
+                                     workload_copy)
 from ukv_torch.demo.server import Server, ServerConfig
 from ukv_torch.demo.workload import synthetic
 
@@ -33,9 +34,9 @@ LAYOUTS = ["static", "upstream", "elastic"]
 
 def run_case(sizing, mix, budget_mib, layout, seed, max_steps):
     ratios = PRESETS["demo"]
-    cfg = ServerConfig(ratios, check_integrity=False, seed=seed)
-    plan = plan_layout(int(budget_mib * (1 << 20)), ratios, layout, max_num_seqs=cfg.max_num_seqs,
-                       max_num_batched_tokens=cfg.max_num_batched_tokens, swa_sizing=sizing)
+    plan = plan_layout(int(budget_mib * (1 << 20)), ratios, layout, max_num_seqs=MAX_NUM_SEQS,
+                       max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, swa_sizing=sizing)
+    cfg = ServerConfig(ratios, plan.config, check_integrity=False, seed=seed)
     workload = synthetic(seed, num_conversations=64, **MIXES[mix])
     server = Server(layout, plan, workload_copy(workload), cfg)
     step = 0

@@ -75,6 +75,8 @@ def slot_counts(num_swa_blocks: int, num_compress_blocks: int, compress_ratios: 
 
 def _ratio_of(k: int, bs: int) -> int:
     """The compress ratio of upstream's k rows per block (0: an SWA-only pool)."""
+    if bs <= 0:  # before bs // k, which would make a bad block size ratio 0
+        raise ValueError(f"block_size must be > 0, got {bs}")
     if k == 0:
         return 0
     if not isinstance(k, int) or k < 0 or bs % k:

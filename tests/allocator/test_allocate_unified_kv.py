@@ -17,7 +17,7 @@ def test_rows_come_from_layer_rows(unified):
 
 
 def test_unified_rows_match_the_slot_counts():
-    n_csa, n_hca = torch.ops.ukv.slot_counts(5, 37, [32, 1], 128)
+    n_csa, n_hca = torch.ops.ukv.slot_counts(5, 37, [4, 128], 128)
     layers = ukv_torch.allocate_unified_kv([4, 128, 0], 5, 8, num_compress_blocks=37)
     assert [t.shape[0] for t in layers.kv] == [n_csa * 128, n_hca * 128, 5 * 128]
 

@@ -14,13 +14,15 @@ from ukv_torch import OutOfSlots, UnifiedKvCoordinator, UnifiedTypePool, slot_co
 
 CSA, HCA = 0, 1
 CSA_K, HCA_K = 32, 1
+CSA_RATIO, HCA_RATIO = 4, 128  # the torch classes name compress types by ratio (k = block_size // ratio)
 
 # --------------------------------------------------------------------------
 # One scenario, two front ends
 
 
 def torch_pool(num_slots, k, bs=128):
-    return torch.classes.ukv.TypePool(num_slots, k, bs, 0)
+    """The torch class built like the drop-in, from k rows per block (0: SWA-only)."""
+    return torch.classes.ukv.TypePool(num_slots, bs // k if k else 0, bs, 0)
 
 
 def state_of(obj):
@@ -58,7 +60,8 @@ class ViaTorchClass(SwaCalls):
     default CSA/HCA pair; evictions are taken after each allocation."""
 
     def __init__(self, num_swa_base, n_csa_slots, n_hca_slots, bs=128):
-        self.obj = torch.classes.ukv.Coordinator(num_swa_base, [CSA_K, HCA_K], [n_csa_slots, n_hca_slots], bs)
+        ratios = [bs // CSA_K, bs // HCA_K]
+        self.obj = torch.classes.ukv.Coordinator(num_swa_base, ratios, [n_csa_slots, n_hca_slots], bs)
         self.evicted = []
 
     def alloc(self, t):
@@ -130,7 +133,7 @@ def test_unified_slot_counts_is_the_upstream_formula(bs):
 def test_slot_counts_covers_any_list_of_k(bs):
     ks = [32, 1, 8, 128, 4]
     for num_swa, nb in itertools.product([0, 3, 4096], [0, 1, 31, 32, 33, 65536]):
-        assert slot_counts(num_swa, nb, ks, bs) == [num_swa + math.ceil(nb / (bs // k)) for k in ks]
+        assert slot_counts(num_swa, nb, [bs // k for k in ks], bs) == [num_swa + math.ceil(nb / (bs // k)) for k in ks]
 
 
 def test_unified_capacity_covers_the_static_split():
@@ -143,22 +146,22 @@ def test_unified_capacity_covers_the_static_split():
 
 
 @pytest.mark.parametrize("args, argument", [
-    ((4, 64, [48], 128), "k"), ((-1, 64, [32], 128), "num_swa_blocks"),
-    ((4, -1, [32], 128), "num_compress_blocks"), ((4, 64, [32], 0), "block_size"),
+    ((4, 64, [48], 128), "compress_ratio"), ((-1, 64, [4], 128), "num_swa_blocks"),
+    ((4, -1, [4], 128), "num_compress_blocks"), ((4, 64, [4], 0), "block_size"),
 ])
 def test_slot_counts_rejects_bad_arguments_by_name(args, argument):
     with pytest.raises(ValueError, match=argument):
         slot_counts(*args)
 
 
-@pytest.mark.parametrize("args", [(2**63 - 1, 1, [32], 128), (2**63 - 1, 2**63 - 1, [1], 128),
-                                  (1, 2**63 - 1, [128], 128)])
+@pytest.mark.parametrize("args", [(2**63 - 1, 1, [4], 128), (2**63 - 1, 2**63 - 1, [128], 128),
+                                  (1, 2**63 - 1, [1], 128)])
 def test_slot_counts_past_int64_are_refused_not_wrapped(args):
     """Regression: num_swa_blocks + the own slots overflowed int64 and came back negative."""
     with pytest.raises(ValueError, match="int32 row limit"):
         slot_counts(*args)
     with pytest.raises(ValueError, match="int32 row limit"):
-        torch.ops.ukv.layer_rows(128 // args[2][0], args[0], args[1], 128, True)
+        torch.ops.ukv.layer_rows(args[2][0], args[0], args[1], 128, True)
 
 
 # --------------------------------------------------------------------------
@@ -382,7 +385,7 @@ def test_joint_admission_refuses_the_double_count_upstream_crashed_on(make_coord
 
 
 def test_joint_admission_is_a_promise_in_every_order():
-    c = torch.classes.ukv.Coordinator(3, [CSA_K, HCA_K], [4, 4], 128)  # own regions: 1 slot each
+    c = torch.classes.ukv.Coordinator(3, [CSA_RATIO, HCA_RATIO], [4, 4], 128)  # own regions: 1 slot each
     for slot in [c.alloc_swa() for _ in range(3)][:2]:
         c.free_swa(slot)           # two released slots, one held
     admitted = 0
@@ -437,7 +440,7 @@ def test_coordinator_ownership_errors_leave_the_state_unchanged(make_coordinator
 
 
 def test_torch_coordinator_rejects_bad_types_and_batches_without_change():
-    c = torch.classes.ukv.Coordinator(2, [CSA_K, HCA_K], [3, 3], 128)
+    c = torch.classes.ukv.Coordinator(2, [CSA_RATIO, HCA_RATIO], [3, 3], 128)
     s, p = c.alloc_swa(), c.alloc_compress(CSA)
     refused = [
         (lambda: c.alloc_compress(2), ValueError, r"compress type 2 out of range \[0, 2\)"),
@@ -489,7 +492,7 @@ def test_without_a_callback_the_drop_in_still_drains_the_eviction_queue():
 
 
 def test_the_torch_class_queues_evictions_in_order():
-    c = torch.classes.ukv.Coordinator(3, [128], [3], 128)  # one block per slot, no own region
+    c = torch.classes.ukv.Coordinator(3, [1], [3], 128)  # one block per slot, no own region
     assert c.alloc_swa_n(3).tolist() == [0, 1, 2]
     for slot in (2, 0, 1):
         c.free_swa(slot)
@@ -499,8 +502,8 @@ def test_the_torch_class_queues_evictions_in_order():
 
 
 def test_the_torch_class_lends_never_used_swa_slots_only_when_asked():
-    upstream = torch.classes.ukv.Coordinator(2, [CSA_K], [3], 128)
-    lending = torch.classes.ukv.Coordinator(2, [CSA_K], [3], 128, True)
+    upstream = torch.classes.ukv.Coordinator(2, [CSA_RATIO], [3], 128)
+    lending = torch.classes.ukv.Coordinator(2, [CSA_RATIO], [3], 128, True)
     assert not upstream.borrow_unreleased_swa() and lending.borrow_unreleased_swa()
     for c in (upstream, lending):
         c.alloc_compress_n(CSA, 4)  # the own region
@@ -515,7 +518,7 @@ def test_the_torch_class_lends_never_used_swa_slots_only_when_asked():
 
 
 def test_counters_count_allocations_borrows_and_evictions():
-    c = torch.classes.ukv.Coordinator(2, [CSA_K, HCA_K], [3, 3], 128)
+    c = torch.classes.ukv.Coordinator(2, [CSA_RATIO, HCA_RATIO], [3, 3], 128)
     s0, s1 = c.alloc_swa(), c.alloc_swa()
     c.free_swa(s1)
     c.claim_swa(s1)
@@ -527,7 +530,7 @@ def test_counters_count_allocations_borrows_and_evictions():
         "type0_compress_allocs": 5, "type0_compress_frees": 1, "type0_borrows": 1,
         "type1_compress_allocs": 0, "type1_compress_frees": 0, "type1_borrows": 0,
     }
-    pool = torch.classes.ukv.TypePool(2, CSA_K, 128, 1)
+    pool = torch.classes.ukv.TypePool(2, CSA_RATIO, 128, 1)
     pool.alloc_swa()
     pool.free_compress(pool.alloc_compress())
     assert dict(pool.counters()) == {"swa_allocs": 1, "swa_frees": 0, "compress_allocs": 1,
@@ -574,7 +577,7 @@ def test_out_of_slots_is_a_runtime_error_and_an_assertion_error_with_the_upstrea
 
 
 def test_the_torch_classes_raise_exhaustion_as_runtime_error_with_the_same_text():
-    c = torch.classes.ukv.Coordinator(1, [CSA_K], [1], 128)
+    c = torch.classes.ukv.Coordinator(1, [CSA_RATIO], [1], 128)
     c.alloc_swa()
     with pytest.raises(RuntimeError) as info:
         c.alloc_swa()
@@ -591,19 +594,20 @@ def test_the_drop_in_turns_only_exhaustion_into_out_of_slots():
 
 
 @pytest.mark.parametrize("make, argument", [
-    (lambda: torch.classes.ukv.TypePool(-1, 32, 128, 0), "num_slots must be >= 0"),
-    (lambda: torch.classes.ukv.TypePool(4, 33, 128, 0), "k .* must divide block_size"),
-    (lambda: torch.classes.ukv.TypePool(4, -1, 128, 0), "k must be >= 0"),
-    (lambda: torch.classes.ukv.TypePool(4, 256, 128, 0), "k .* must divide block_size"),
-    (lambda: torch.classes.ukv.TypePool(4, 32, 0, 0), "block_size must be > 0"),
-    (lambda: torch.classes.ukv.TypePool(4, 32, 128, 5), "shared_slots must be in"),
-    (lambda: torch.classes.ukv.TypePool(2**25, 32, 128, 0), "num_slots .* exceed the int32 row limit"),
-    (lambda: torch.classes.ukv.Coordinator(-1, [32], [4], 128), "num_swa_base must be >= 0"),
-    (lambda: torch.classes.ukv.Coordinator(4, [32], [3], 128), r"num_slots \(3\) must be >= num_swa_base"),
-    (lambda: torch.classes.ukv.Coordinator(4, [32, 1], [6], 128), "ks and num_slots must have the same length"),
-    (lambda: torch.classes.ukv.Coordinator(4, [0], [6], 128), "k must be > 0"),
-    (lambda: torch.classes.ukv.Coordinator(4, [48], [6], 128), "k .* must divide block_size"),
-    (lambda: torch.classes.ukv.Coordinator(4, [32], [6], 0), "block_size must be > 0"),
+    (lambda: torch.classes.ukv.TypePool(-1, 4, 128, 0), "num_slots must be >= 0"),
+    (lambda: torch.classes.ukv.TypePool(4, 33, 128, 0), "compress_ratio .* must divide block_size"),
+    (lambda: torch.classes.ukv.TypePool(4, -1, 128, 0), "compress_ratio must be >= 0"),
+    (lambda: torch.classes.ukv.TypePool(4, 256, 128, 0), "compress_ratio .* must divide block_size"),
+    (lambda: torch.classes.ukv.TypePool(4, 4, 0, 0), "block_size must be > 0"),
+    (lambda: torch.classes.ukv.TypePool(4, 4, 128, 5), "shared_slots must be in"),
+    (lambda: torch.classes.ukv.TypePool(2**25, 4, 128, 0), "num_slots .* exceed the int32 row limit"),
+    (lambda: torch.classes.ukv.Coordinator(-1, [4], [4], 128), "num_swa_base must be >= 0"),
+    (lambda: torch.classes.ukv.Coordinator(4, [4], [3], 128), r"num_slots \(3\) must be >= num_swa_base"),
+    (lambda: torch.classes.ukv.Coordinator(4, [4, 128], [6], 128),
+     "compress_ratios and num_slots must have the same length"),
+    (lambda: torch.classes.ukv.Coordinator(4, [0], [6], 128), "compress_ratios must be > 0"),
+    (lambda: torch.classes.ukv.Coordinator(4, [48], [6], 128), "compress_ratio .* must divide block_size"),
+    (lambda: torch.classes.ukv.Coordinator(4, [4], [6], 0), "block_size must be > 0"),
     (lambda: torch.classes.ukv.Coordinator(2**25, [], [], 128), "num_swa_base .* exceed the int32 row limit"),
 ])
 def test_bad_constructor_arguments_are_value_errors_naming_the_argument(make, argument):
@@ -658,9 +662,9 @@ def test_batch_allocation_gives_the_ids_single_calls_would():
 @pytest.mark.parametrize("make, alloc_n, message", [
     (lambda: torch_pool(2, CSA_K), lambda p: p.alloc_compress_n(9), r"No free KV slots available \(9 requested, 8 free\)"),
     (lambda: torch_pool(2, CSA_K), lambda p: p.alloc_swa_n(3), r"No free KV slots available \(3 requested, 2 free\)"),
-    (lambda: torch.classes.ukv.Coordinator(2, [CSA_K], [3], 128), lambda c: c.alloc_swa_n(3),
+    (lambda: torch.classes.ukv.Coordinator(2, [CSA_RATIO], [3], 128), lambda c: c.alloc_swa_n(3),
      r"No free SWA slots available \(3 requested, 2 free\)"),
-    (lambda: torch.classes.ukv.Coordinator(2, [CSA_K], [3], 128), lambda c: c.alloc_compress_n(0, 5),
+    (lambda: torch.classes.ukv.Coordinator(2, [CSA_RATIO], [3], 128), lambda c: c.alloc_compress_n(0, 5),
      r"No free KV slots available \(5 requested, 4 free\)"),
 ])
 def test_batch_allocation_is_all_or_nothing(make, alloc_n, message):
@@ -702,8 +706,9 @@ def test_drop_in_pool_batch_methods():
 @pytest.mark.parametrize("make, free_many", [
     (lambda: torch_pool(4, 32), lambda pool, ids: pool.free_compress_many(ids)),
     (lambda: torch_pool(4, 32), lambda pool, ids: pool.free_swa_many(ids)),
-    (lambda: torch.classes.ukv.Coordinator(2, [32], [3], 128), lambda coord, ids: coord.free_compress_many(0, ids)),
-    (lambda: torch.classes.ukv.Coordinator(2, [32], [3], 128), lambda coord, ids: coord.free_swa_many(ids)),
+    (lambda: torch.classes.ukv.Coordinator(2, [CSA_RATIO], [3], 128),
+     lambda coord, ids: coord.free_compress_many(0, ids)),
+    (lambda: torch.classes.ukv.Coordinator(2, [CSA_RATIO], [3], 128), lambda coord, ids: coord.free_swa_many(ids)),
 ])
 def test_a_missing_batch_tensor_is_a_clear_value_error(make, free_many):
     obj = make()

@@ -303,10 +303,11 @@ class CoordinatorRun(Run):
     ]
 
     def __init__(self, seed, num_swa_base, ks, num_slots, block_size, borrow_unreleased_swa=False):
+        ratios = [block_size // k for k in ks]  # the torch class names compress types by ratio
         if borrow_unreleased_swa:
-            obj = torch.classes.ukv.Coordinator(num_swa_base, ks, num_slots, block_size, borrow_unreleased_swa)
-        else:  # the upstream constructor call, without the option
-            obj = torch.classes.ukv.Coordinator(num_swa_base, ks, num_slots, block_size)
+            obj = torch.classes.ukv.Coordinator(num_swa_base, ratios, num_slots, block_size, borrow_unreleased_swa)
+        else:  # the constructor call without the option
+            obj = torch.classes.ukv.Coordinator(num_swa_base, ratios, num_slots, block_size)
         model = CoordinatorModel(num_swa_base, ks, num_slots, block_size, borrow_unreleased_swa)
         ledger = RowLedger(block_size, num_swa_base, ks, num_slots, coordinated=True,
                            lends_unreleased=borrow_unreleased_swa)
@@ -498,10 +499,10 @@ class CoordinatorRun(Run):
 
     def op_getters(self):
         o, m = self.obj, self.model
-        return Op("getters", lambda: (o.num_swa_base(), o.block_size(), o.num_types(), o.ks(), o.type_slots(),
-                                      o.borrow_unreleased_swa()),
-                  lambda: (m.num_swa_base, m.block_size, m.num_types(), m.ks(), m.type_slots(),
-                           m.borrow_unreleased_swa), query=True)
+        return Op("getters", lambda: (o.num_swa_base(), o.block_size(), o.num_types(), o.ks(), o.compress_ratios(),
+                                      o.type_slots(), o.borrow_unreleased_swa()),
+                  lambda: (m.num_swa_base, m.block_size, m.num_types(), m.ks(), m.compress_ratios(),
+                           m.type_slots(), m.borrow_unreleased_swa), query=True)
 
     def op_bad_call(self):
         names = ["free_swa", "claim_swa", "alloc_compress", "is_free_swa", "free_swa_many", "alloc_swa_n"]
@@ -631,7 +632,7 @@ class PoolRun(Run):
     ]
 
     def __init__(self, seed, num_slots, k, block_size, shared_slots):
-        obj = torch.classes.ukv.TypePool(num_slots, k, block_size, shared_slots)
+        obj = torch.classes.ukv.TypePool(num_slots, block_size // k if k else 0, block_size, shared_slots)
         model = PoolModel(num_slots, k, block_size, shared_slots)
         # A k = 0 pool has no compress blocks; its ledger tensor still needs a k.
         ledger = RowLedger(block_size, num_slots, [k or block_size], [num_slots], coordinated=False)
@@ -742,8 +743,10 @@ class PoolRun(Run):
 
     def op_getters(self):
         o, m = self.obj, self.model
-        return Op("getters", lambda: (o.num_slots(), o.k(), o.block_size(), o.shared_slots(), o.blocks_per_slot()),
-                  lambda: (m.num_slots, m.k, m.block_size, m.shared_slots, m.blocks_per_slot), query=True)
+        return Op("getters", lambda: (o.num_slots(), o.k(), o.compress_ratio(), o.block_size(), o.shared_slots(),
+                                      o.blocks_per_slot()),
+                  lambda: (m.num_slots, m.k, m.compress_ratio, m.block_size, m.shared_slots, m.blocks_per_slot),
+                  query=True)
 
     def op_bad_call(self):
         names = ["reserve_slot", "free_swa", "claim_swa", "free_compress", "free_compress_many", "alloc_compress_n"]

@@ -27,8 +27,8 @@ def state_of(obj):
 
 
 FRONT_ENDS = {
-    "torch_type_pool": lambda: torch.classes.ukv.TypePool(6, 32, 128, 2),
-    "torch_coordinator": lambda: torch.classes.ukv.Coordinator(4, [32, 1, 8], [6, 5, 6], 128),
+    "torch_type_pool": lambda: torch.classes.ukv.TypePool(6, 4, 128, 2),
+    "torch_coordinator": lambda: torch.classes.ukv.Coordinator(4, [4, 128, 16], [6, 5, 6], 128),
     "drop_in_type_pool": lambda: UnifiedTypePool(6, 32),
     "drop_in_coordinator": lambda: UnifiedKvCoordinator(4, 6, 5),
 }
@@ -58,8 +58,8 @@ def test_a_copied_drop_in_coordinator_keeps_delivering_evictions():
 
 
 @pytest.mark.parametrize("name, make", [
-    ("TypePool", lambda: torch.classes.ukv.TypePool(3, 32, 128, 1)),
-    ("Coordinator", lambda: torch.classes.ukv.Coordinator(2, [32, 1], [3, 3], 128)),
+    ("TypePool", lambda: torch.classes.ukv.TypePool(3, 4, 128, 1)),
+    ("Coordinator", lambda: torch.classes.ukv.Coordinator(2, [4, 128], [3, 3], 128)),
 ])
 def test_inconsistent_states_are_refused_on_unpickling(name, make):
     obj = make()
@@ -77,17 +77,29 @@ def test_inconsistent_states_are_refused_on_unpickling(name, make):
     with pytest.raises(ValueError, match="trailing values"):
         unpickle(state + [0])
     # Slot 0's owner (free in the pool, reserved in the coordinator's first
-    # pool), claimed as compress-held: after the TypePool header (4 values), or
-    # after the Coordinator header (4 + 2 per type), the pool's length and its header.
-    slot0_owner = 4 if name == "TypePool" else 4 + 2 * 2 + 1 + 4
+    # pool), claimed as compress-held: after the format header (3 values) and
+    # the TypePool's sizes (4 values), or after the format header, the
+    # Coordinator's sizes (4 + 2 per type) and its first pool's sizes.
+    slot0_owner = 3 + 4 if name == "TypePool" else 3 + 4 + 2 * 2 + 4
     tampered = list(state)
     tampered[slot0_owner] = 3
     with pytest.raises(ValueError, match="state is inconsistent"):
         unpickle(tampered)
+    # The format header: a state without one, of another kind or of another version is refused.
+    with pytest.raises(ValueError, match="has no format header"):
+        unpickle(state[3:])
+    other_kind = list(state)
+    other_kind[1] = 3 - other_kind[1]  # TypePool (1) <-> Coordinator (2)
+    with pytest.raises(ValueError, match="not of a " + name):
+        unpickle(other_kind)
+    other_version = list(state)
+    other_version[2] += 1
+    with pytest.raises(ValueError, match="format version"):
+        unpickle(other_version)
 
 
 def test_two_instances_given_the_same_calls_give_the_same_ids():
-    a, b = (torch.classes.ukv.Coordinator(64, [32, 1], [80, 66], 128) for _ in range(2))
+    a, b = (torch.classes.ukv.Coordinator(64, [4, 128], [80, 66], 128) for _ in range(2))
     assert churn(a, seed=7, steps=5000) == churn(b, seed=7, steps=5000)
     assert a.__getstate__() == b.__getstate__()
 
@@ -96,7 +108,7 @@ def test_another_process_gives_the_same_ids():
     script = (
         "import json, sys, torch, ukv_torch\n"
         "from support.churn import churn\n"
-        "c = torch.classes.ukv.Coordinator(64, [32, 1], [80, 66], 128)\n"
+        "c = torch.classes.ukv.Coordinator(64, [4, 128], [80, 66], 128)\n"
         "print(json.dumps([churn(c, seed=7, steps=3000), c.__getstate__()[0]]))\n"
     )
     # The child imports the ukv_torch this process imported, and the support package.
@@ -106,7 +118,7 @@ def test_another_process_gives_the_same_ids():
     env["PYTHONPATH"] = os.pathsep.join([package_root, tests_root, env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                          check=True).stdout
-    here = torch.classes.ukv.Coordinator(64, [32, 1], [80, 66], 128)
+    here = torch.classes.ukv.Coordinator(64, [4, 128], [80, 66], 128)
     assert json.loads(out) == [churn(here, seed=7, steps=3000), here.__getstate__()[0]]
 
 
@@ -120,8 +132,8 @@ def test_fake_classes_are_registered(name):
 
 
 @pytest.mark.parametrize("name, make", [
-    ("TypePool", lambda: torch.classes.ukv.TypePool(3, 32, 128, 1)),
-    ("Coordinator", lambda: torch.classes.ukv.Coordinator(2, [32, 1], [3, 3], 128)),
+    ("TypePool", lambda: torch.classes.ukv.TypePool(3, 4, 128, 1)),
+    ("Coordinator", lambda: torch.classes.ukv.Coordinator(2, [4, 128], [3, 3], 128)),
 ])
 def test_flatten_and_unflatten_carry_the_exact_state(name, make):
     obj = make()
@@ -143,8 +155,8 @@ class HoldsAllocators(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.pool = torch.classes.ukv.TypePool(3, 32, 128, 1)
-        self.coordinator = torch.classes.ukv.Coordinator(2, [32, 1], [3, 3], 128)
+        self.pool = torch.classes.ukv.TypePool(3, 4, 128, 1)
+        self.coordinator = torch.classes.ukv.Coordinator(2, [4, 128], [3, 3], 128)
 
     def forward(self, x):
         return x * 2 + 1

@@ -65,8 +65,8 @@ def exhausted(exc):
 
 
 def test_threads_hammering_one_coordinator_conserve_every_slot_and_block(eager_thread_switching):
-    ks, slots, base = [32, 1], [10, 6], 6
-    c = torch.classes.ukv.Coordinator(base, ks, slots, 128)
+    ratios, slots, base = [4, 128], [10, 6], 6
+    c = torch.classes.ukv.Coordinator(base, ratios, slots, 128)
     holders = Holders()
     held = {}  # thread -> the ("swa" | type, id) keys it holds
 
@@ -112,14 +112,14 @@ def test_threads_hammering_one_coordinator_conserve_every_slot_and_block(eager_t
         c.free_swa(ident) if role == "swa" else c.free_compress(role, ident)
     c.check_invariants()
     assert c.free_swa_slots() == base
-    for t, (k, n) in enumerate(zip(ks, slots)):
+    for t, (ratio, n) in enumerate(zip(ratios, slots)):
         owners = [c.owner(t, slot) for slot in range(n)]
         assert set(owners) <= {"free", "reserved"} and all(o == "free" for o in owners[base:])
-        assert c.free_compress_blocks(t) == owners.count("free") * (128 // k)
+        assert c.free_compress_blocks(t) == owners.count("free") * ratio  # blocks per slot: 128 // k
 
 
 def test_threads_hammering_one_type_pool_conserve_every_slot_and_block(eager_thread_switching):
-    pool = torch.classes.ukv.TypePool(8, 32, 128, 3)
+    pool = torch.classes.ukv.TypePool(8, 4, 128, 3)
     holders = Holders()
     held = {}
 

@@ -11,15 +11,15 @@ import torch
 import ukv_torch
 from ukv_torch import BatchCalls, OutOfSlots, UnifiedTypePool
 
-NUM_SWA, NUM_BLOCKS, KS = 64, 2048, [32, 1]
+NUM_SWA, NUM_BLOCKS, RATIOS = 64, 2048, [4, 128]
 
 
 def coordinator():
-    return torch.classes.ukv.Coordinator(NUM_SWA, KS, ukv_torch.slot_counts(NUM_SWA, NUM_BLOCKS, KS), 128)
+    return torch.classes.ukv.Coordinator(NUM_SWA, RATIOS, ukv_torch.slot_counts(NUM_SWA, NUM_BLOCKS, RATIOS, 128), 128)
 
 
 def pool():
-    return torch.classes.ukv.TypePool(96, 32, 128, 0)
+    return torch.classes.ukv.TypePool(96, 4, 128, 0)
 
 
 def outcome(fn):
@@ -100,7 +100,8 @@ def test_bad_arguments_are_named():
     with pytest.raises(TypeError):
         fast.alloc_swa_n("3")
     with pytest.raises(TypeError, match="TypePool or Coordinator"):
-        BatchCalls(torch.classes.ukv.KvManager({"num_logical_blocks": 4, "num_swa_blocks": 4}, [32, 1], [], 0.5, ""))
+        BatchCalls(torch.classes.ukv.KvManager(ukv_torch.ServeConfig().encode(),
+                                               ukv_torch.PoolSizes(num_logical_blocks=4, num_swa_blocks=4).encode()))
     with pytest.raises(TypeError, match="TypePool or Coordinator"):
         BatchCalls(3)
 

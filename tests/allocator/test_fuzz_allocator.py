@@ -4,7 +4,7 @@ sizing functions, against the pure-Python model (ukv_torch/testing/allocator_mod
 SPEC.md sizing formulas.
 
   * Constructors with sizes around the int32 row limit, pools of 0 and 1
-    slots, bad k / block_size / shared counts, int64 extremes: the model's
+    slots, bad compress ratios / k / block_size / shared counts, int64 extremes: the model's
     verdict, a refusal being a ValueError naming the model's argument; a pool
     that is built hands out only ids whose rows fit the int32 row range.
   * Every method with arguments of any kind (ints at the int64 extremes,
@@ -27,7 +27,8 @@ import ukv_torch
 from support.fuzz_support import ID_LAYOUTS, fuzz_settings, in_layout
 from support.outcomes import assert_same_outcome, model_outcome, torch_outcome
 from ukv_torch.testing.allocator_model import (MAX_ROWS, CoordinatorModel, InvalidArgument, PoolModel,
-                                               reference_layer_rows, reference_type_slots)
+                                               coordinator_model, pool_model, reference_layer_rows,
+                                               reference_type_slots)
 
 INT64_EXTREMES = [2**63 - 1, -(2**63)]
 BLOCK_SIZES = [-1, 0, 1, 4, 16, 128, 256, 2**16, 2**20, 2**31, 2**40]
@@ -42,8 +43,14 @@ def slot_counts_near_the_row_limit(block_size):
 
 
 def rows_per_block(block_size):
-    """k: divisors with few blocks per slot (their sub-block maps stay small), and bad values."""
+    """k (the drop-ins): divisors with few blocks per slot (their sub-block maps stay small), and bad values."""
     good = [block_size // d for d in (1, 4, 32) if block_size > 0 and block_size % d == 0]
+    return st.sampled_from(good + [0, -1, 3, 48, 2**40])
+
+
+def compress_ratios(block_size):
+    """Compress ratios (the torch classes): few blocks per slot, as rows_per_block, and bad values."""
+    good = [d for d in (1, 4, 32) if block_size > 0 and block_size % d == 0]
     return st.sampled_from(good + [0, -1, 3, 48, 2**40])
 
 
@@ -65,17 +72,19 @@ def built_or_refused(model_make, torch_make):
 
 
 @st.composite
-def pool_arguments(draw):
+def pool_arguments(draw, per_block=compress_ratios):
+    """(num_slots, compress ratio, block_size, shared_slots); k in place of the ratio with per_block=rows_per_block."""
     block_size = draw(st.sampled_from(BLOCK_SIZES))
     num_slots = draw(slot_counts_near_the_row_limit(block_size))
-    k = draw(rows_per_block(block_size))
+    per_slot = draw(per_block(block_size))
     shared = draw(st.one_of(st.integers(-1, 3), st.just(num_slots), st.sampled_from(INT64_EXTREMES)))
-    return num_slots, k, block_size, shared
+    return num_slots, per_slot, block_size, shared
 
 
-def check_pool(model, pool, num_slots, k, block_size, shared):
-    assert (pool.num_slots(), pool.k(), pool.block_size(), pool.shared_slots(), pool.blocks_per_slot()) == (
-        num_slots, k, block_size, shared, model.blocks_per_slot)
+def check_pool(model, pool, num_slots, ratio, block_size, shared):
+    k = model.k
+    assert (pool.num_slots(), pool.k(), pool.compress_ratio(), pool.block_size(), pool.shared_slots(),
+            pool.blocks_per_slot()) == (num_slots, k, ratio, block_size, shared, model.blocks_per_slot)
     assert (pool.free_slots(), pool.free_compress_blocks()) == (model.free_slots(), model.free_compress_blocks())
     if num_slots and k:  # the first compress block addresses rows inside the int32 range
         phys = pool.alloc_compress()
@@ -86,7 +95,7 @@ def check_pool(model, pool, num_slots, k, block_size, shared):
         assert num_slots * block_size <= MAX_ROWS
 
 
-@given(args=pool_arguments())
+@given(args=pool_arguments(rows_per_block))
 @fuzz_settings(150)
 def test_drop_in_pool_constructor_names_its_own_arguments(args):
     num_slots, k, block_size, _ = args
@@ -108,14 +117,15 @@ def coordinator_arguments(draw):
     sizes = slot_counts_near_the_row_limit(block_size)
     base = draw(sizes)
     types = draw(st.integers(0, 3))
-    ks = [draw(rows_per_block(block_size)) for _ in range(types)]
+    ratios = [draw(compress_ratios(block_size)) for _ in range(types)]
     slots = [draw(st.one_of(sizes, st.just(base), st.just(min(base + 1, 2**63 - 1)))) for _ in range(types + draw(
         st.sampled_from([0, 0, 0, 1, -1]) if types else st.just(0)))]
-    return base, ks, slots, block_size
+    return base, ratios, slots, block_size
 
 
-def check_coordinator(model, coord, base, ks, slots, block_size):
-    assert (coord.num_swa_base(), coord.ks(), coord.type_slots()) == (base, ks, slots)
+def check_coordinator(model, coord, base, ratios, slots, block_size):
+    ks = model.ks()
+    assert (coord.num_swa_base(), coord.compress_ratios(), coord.ks(), coord.type_slots()) == (base, ratios, ks, slots)
     assert coord.free_swa_slots() == model.free_swa_slots()
     for t in range(len(ks)):
         assert coord.free_compress_blocks(t) == model.free_compress_blocks(t)
@@ -124,18 +134,19 @@ def check_coordinator(model, coord, base, ks, slots, block_size):
             assert phys == model.alloc_compress(t) and (phys + 1) * ks[t] <= slots[t] * block_size <= MAX_ROWS
 
 
-CONSTRUCTORS = {"TypePool": (pool_arguments, PoolModel, check_pool),
-                "Coordinator": (coordinator_arguments, CoordinatorModel, check_coordinator)}
+# The models built from the torch classes' arguments (compress ratios, checked first).
+CONSTRUCTORS = {"TypePool": (pool_arguments, pool_model, check_pool),
+                "Coordinator": (coordinator_arguments, coordinator_model, check_coordinator)}
 
 
 @pytest.mark.parametrize("name", sorted(CONSTRUCTORS))
 def test_constructors_near_the_int32_row_limit_build_the_model_or_refuse_naming_it(name):
-    arguments, model_class, check = CONSTRUCTORS[name]
+    arguments, make_model, check = CONSTRUCTORS[name]
 
     @fuzz_settings(300)
     @given(args=arguments())
     def case(args):
-        model, obj = built_or_refused(lambda: model_class(*args), lambda: getattr(torch.classes.ukv, name)(*args))
+        model, obj = built_or_refused(lambda: make_model(*args), lambda: getattr(torch.classes.ukv, name)(*args))
         if model is not None:
             check(model, obj, *args)
             obj.check_invariants()
@@ -148,6 +159,8 @@ def test_constructors_near_the_int32_row_limit_build_the_model_or_refuse_naming_
 @fuzz_settings(150)
 def test_drop_in_coordinator_constructor_names_its_own_arguments(base, n_csa, n_hca, bs):
     try:
+        if bs <= 0:  # the drop-in derives the compress ratios from bs first, so it names a bad bs first
+            raise InvalidArgument("block_size")
         CoordinatorModel(base, [32, 1], [n_csa, n_hca], bs)
     except InvalidArgument as exc:
         with pytest.raises(ValueError, match=rf"^UnifiedKvCoordinator\(num_swa_base={base}, ") as e:
@@ -263,16 +276,23 @@ QUERIES.update({"has_free_csa", "has_free_hca"})
 TORCH_OPERATION = {f"{op}_{role}": f"{op}_compress" for role in ("csa", "hca") for op in ("alloc", "free", "has_free")}
 
 
+def pool_pair(*args):
+    return pool_model(*args), torch.classes.ukv.TypePool(*args)
+
+
+def coordinator_pair(*args):
+    return coordinator_model(*args), torch.classes.ukv.Coordinator(*args)
+
+
 SHAPES = {
     # a name: (model, torch object) factories; pools of 0 and 1 slots included
-    "pool": lambda: (PoolModel(5, 32, 128, 2), torch.classes.ukv.TypePool(5, 32, 128, 2)),
-    "pool_one_slot": lambda: (PoolModel(1, 1, 4, 1), torch.classes.ukv.TypePool(1, 1, 4, 1)),
-    "pool_zero_slots": lambda: (PoolModel(0, 32, 128, 0), torch.classes.ukv.TypePool(0, 32, 128, 0)),
-    "pool_swa_only": lambda: (PoolModel(3, 0, 128, 0), torch.classes.ukv.TypePool(3, 0, 128, 0)),
-    "coordinator": lambda: (CoordinatorModel(3, [32, 1], [5, 4]), torch.classes.ukv.Coordinator(3, [32, 1], [5, 4])),
-    "coordinator_one_slot": lambda: (CoordinatorModel(1, [2], [1], 8), torch.classes.ukv.Coordinator(1, [2], [1], 8)),
-    "coordinator_zero_slots": lambda: (CoordinatorModel(0, [32, 1], [0, 0]),
-                                       torch.classes.ukv.Coordinator(0, [32, 1], [0, 0])),
+    "pool": lambda: pool_pair(5, 4, 128, 2),
+    "pool_one_slot": lambda: pool_pair(1, 4, 4, 1),
+    "pool_zero_slots": lambda: pool_pair(0, 4, 128, 0),
+    "pool_swa_only": lambda: pool_pair(3, 0, 128, 0),
+    "coordinator": lambda: coordinator_pair(3, [4, 128], [5, 4], 128),
+    "coordinator_one_slot": lambda: coordinator_pair(1, [4], [1], 8),
+    "coordinator_zero_slots": lambda: coordinator_pair(0, [4, 128], [0, 0], 128),
 }
 
 
@@ -350,7 +370,7 @@ def test_sizing_near_the_int32_row_limit_is_exact_or_refused(args, unified):
         k = block_size // ratio
         if expected is None:
             with pytest.raises(ValueError, match="num_swa_blocks|num_compress_blocks|row limit"):
-                ukv_torch.slot_counts(num_swa, nb, [k], block_size)
+                ukv_torch.slot_counts(num_swa, nb, [ratio], block_size)
         else:
-            assert ukv_torch.slot_counts(num_swa, nb, [k], block_size) == [reference_type_slots(num_swa, nb, k,
-                                                                                                  block_size)]
+            assert ukv_torch.slot_counts(num_swa, nb, [ratio], block_size) == [reference_type_slots(num_swa, nb, k,
+                                                                                                      block_size)]

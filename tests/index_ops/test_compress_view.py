@@ -17,7 +17,7 @@ def test_view_addresses_rows(device, unified, ratio):
     base = torch.ops.ukv.compress_base_row(unified, NUM_SWA_BLOCKS, BS)
     k = BS // ratio
     kv = torch.arange(rows * 2, dtype=torch.float32, device=device).reshape(rows, 2)
-    view = ukv_torch.bind_compress_view(kv, compress_base=base, compress_ratio=ratio)
+    view = ukv_torch.bind_compress_view(kv, compress_base=base, compress_ratio=ratio, block_size=BS)
     assert view.shape == ((rows - base) // k, k, 2)
     if not unified:
         assert view.shape[0] == NB  # the static split's compress region is exactly NB blocks
@@ -33,7 +33,7 @@ def test_view_aliases_and_serves_the_rope_plane(device):
     layers = ukv_torch.allocate_unified_kv([4], NUM_SWA_BLOCKS, 8, num_compress_blocks=NB, unified=False,
                                            rope_head_dim=4, device=device)
     for plane in (layers.kv[0], layers.rope[0]):
-        view = ukv_torch.bind_compress_view(plane, compress_base=base, compress_ratio=4)
+        view = ukv_torch.bind_compress_view(plane, compress_base=base, compress_ratio=4, block_size=BS)
         view[2, 5] = 1
         assert plane.shape[0] == rows
         assert torch.count_nonzero(plane) == plane.shape[1]
@@ -42,7 +42,7 @@ def test_view_aliases_and_serves_the_rope_plane(device):
 
 def test_view_of_a_row_strided_tensor():
     kv = torch.zeros(512, 16)[:, :8]
-    view = ukv_torch.bind_compress_view(kv, compress_base=128, compress_ratio=4)
+    view = ukv_torch.bind_compress_view(kv, compress_base=128, compress_ratio=4, block_size=BS)
     view[1, 0] = 3
     assert torch.all(kv[128 + 32] == 3) and view.stride() == (32 * 16, 16, 1)
 
@@ -52,7 +52,7 @@ def test_view_under_compile():
 
     @torch.compile(fullgraph=True)
     def write(kv):
-        ukv_torch.bind_compress_view(kv, compress_base=128, compress_ratio=4)[2, 1].fill_(5.0)
+        ukv_torch.bind_compress_view(kv, compress_base=128, compress_ratio=4, block_size=BS)[2, 1].fill_(5.0)
 
     write(kv)
     assert torch.all(kv[128 + 2 * 32 + 1] == 5) and torch.count_nonzero(kv) == 4
@@ -68,9 +68,9 @@ def test_view_under_compile():
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=f"bind_compress_view: .*{match}"):
-        ukv_torch.bind_compress_view(torch.zeros(512, 4), **kwargs)
+        ukv_torch.bind_compress_view(torch.zeros(512, 4), **{"block_size": BS, **kwargs})
 
 
 def test_bad_rank():
     with pytest.raises(ValueError, match=r"bind_compress_view: unified_kv must be 2-D"):
-        ukv_torch.bind_compress_view(torch.zeros(512), compress_base=0, compress_ratio=4)
+        ukv_torch.bind_compress_view(torch.zeros(512), compress_base=0, compress_ratio=4, block_size=BS)

@@ -123,7 +123,8 @@ def test_dynamo_traces_the_wrapper_into_one_graph():
     torch.ops.ukv.hca_decode_indices.default(**{**tensors, "hca_indices": expected}, **scalars)
 
     def program(table, batch_id, n_hca, indptr, out):
-        ukv_torch.hca_decode_indices(table, batch_id, n_hca, indptr, out, compress_base=0)
+        ukv_torch.hca_decode_indices(table, batch_id, n_hca, indptr, out, compress_base=0,
+                                     block_size=scalars["block_size"])
         return out
 
     torch._dynamo.reset()

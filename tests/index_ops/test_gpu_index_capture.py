@@ -17,7 +17,7 @@ from support.index_steps import PREFILL_BUFFERS, reference_decode, reference_pre
 
 pytestmark = pytest.mark.gpu
 
-NUM_SEQS, TABLE_COLS, WINDOW, TOPK = 6, 40, 128, 256
+NUM_SEQS, TABLE_COLS, WINDOW, TOPK, BLOCK_SIZE = 6, 40, 128, 256, 128
 DECODE_TOKENS = NUM_SEQS + 3
 PREFILL_TOKENS = 96
 CAPACITY = 1 << 16
@@ -25,9 +25,9 @@ CAPACITY = 1 << 16
 
 def decode_case(seed, unified):
     rng = random.Random(seed)
-    contexts = [rng.choice([1, 3, 128, 129, rng.randint(1, TABLE_COLS * 128)]) for _ in range(NUM_SEQS)]
+    contexts = [rng.choice([1, 3, 128, 129, rng.randint(1, TABLE_COLS * BLOCK_SIZE)]) for _ in range(NUM_SEQS)]
     return make_decode_step(rng, contexts=contexts, num_padding=DECODE_TOKENS - NUM_SEQS, table_cols=TABLE_COLS,
-                            index_topk=TOPK, window=WINDOW, unified=unified)
+                            index_topk=TOPK, window=WINDOW, block_size=BLOCK_SIZE, unified=unified)
 
 
 def prefill_case(seed, unified):
@@ -36,7 +36,7 @@ def prefill_case(seed, unified):
     prefixes = [rng.choice([0, 127, rng.randint(0, 3000)]) for _ in range(3)]
     step = make_prefill_step(rng, prefixes=prefixes, chunk_lens=chunk_lens,
                              num_padding=PREFILL_TOKENS - sum(chunk_lens), index_topk=TOPK, window=WINDOW,
-                             unified=unified)
+                             block_size=BLOCK_SIZE, unified=unified)
     # Same table shape every time, so the captured graph can be reused.
     for table in (step.swa_table, step.csa_table, step.hca_table):
         for row in table:
@@ -55,10 +55,11 @@ def decode_program(base, positions, batch_id, swa_table, csa_table, hca_table, n
     outs = [sentinel(CAPACITY) for _ in range(3)]
     ukv_torch.decode_index_metadata(positions, batch_id, n_csa, n_hca, *ptrs, window=WINDOW, index_topk=TOPK)
     ukv_torch.paged_decode_indices(swa_table, positions, batch_id, ptrs[0], outs[0], ptrs[1], outs[1], ptrs[2],
-                                   outs[2], window=WINDOW)
+                                   outs[2], window=WINDOW, block_size=BLOCK_SIZE)
     ukv_torch.csa_translate_pack(topk, csa_table, positions, batch_id, ptrs[1], outs[1], compress_base=base,
-                                 window=WINDOW)
-    ukv_torch.hca_decode_indices(hca_table, batch_id, n_hca, ptrs[2], outs[2], compress_base=base)
+                                 window=WINDOW, block_size=BLOCK_SIZE)
+    ukv_torch.hca_decode_indices(hca_table, batch_id, n_hca, ptrs[2], outs[2], compress_base=base,
+                                 block_size=BLOCK_SIZE)
     return (*ptrs, *outs)
 
 
@@ -72,9 +73,9 @@ def prefill_program(base, positions, batch_id, swa_table, csa_table, hca_table, 
     ukv_torch.prefill_index_metadata(positions, batch_id, chunk_start, n_csa, n_hca, *ptrs, prefix, window=WINDOW,
                                      index_topk=TOPK)
     ukv_torch.paged_prefill_indices(positions, batch_id, chunk_start, query_start, n_hca, swa_table, hca_table, *ptrs,
-                                    *outs, compress_base=base, window=WINDOW)
+                                    *outs, compress_base=base, window=WINDOW, block_size=BLOCK_SIZE)
     ukv_torch.csa_translate_pack(topk, csa_table, positions, batch_id, ptrs[2], outs[2], compress_base=base,
-                                 skip_per_token=prefix)
+                                 skip_per_token=prefix, block_size=BLOCK_SIZE)
     return (*ptrs, prefix, *outs)
 
 

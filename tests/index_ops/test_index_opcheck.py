@@ -21,4 +21,4 @@ def test_opcheck_index_ops(device, call_name):
 def test_opcheck_bind_compress_view(device, base, ratio):
     kv = torch.randn(1024, 16, device=device)
     torch.library.opcheck(torch.ops.ukv.bind_compress_view.default, (kv,),
-                          {"compress_base": base, "compress_ratio": ratio})
+                          {"compress_base": base, "compress_ratio": ratio, "block_size": 128})

@@ -39,7 +39,8 @@ def test_csa_translate_pack_decode(device, layout, offset):
     _, csa_ptr, _ = decode_indptrs(step)
     out = unaligned_output(csa_ptr[-1] + 6, offset, device)
     ukv_torch.csa_translate_pack(topk, table, x.positions, x.batch_id, torch.tensor(csa_ptr, dtype=torch.int32,
-                                 device=device), out, compress_base=step.compress_base, window=step.window)
+                                 device=device), out, compress_base=step.compress_base, window=step.window,
+                                 block_size=step.block_size)
     expected = reference_buffer(csa_ptr)
     ref.csa_translate_pack(expected, step.topk, step.csa_table, step.positions, step.batch_id, csa_ptr, None,
                            step.window, step.compress_base, step.csa_k)
@@ -57,7 +58,7 @@ def test_csa_translate_pack_zero_valid_topk(device):
     out = output_buffer(csa_ptr, device)
     ukv_torch.csa_translate_pack(x.topk, x.csa_table, x.positions, x.batch_id,
                                  torch.tensor(csa_ptr, dtype=torch.int32, device=device), out, compress_base=0,
-                                 window=step.window)
+                                 window=step.window, block_size=step.block_size)
     assert out.tolist() == reference_buffer(csa_ptr)
 
 
@@ -73,8 +74,9 @@ def test_large_decode_batch(device, offset):
     csa = unaligned_output(int(csa_ptr[-1]) + 6, offset, device)
     hca = unaligned_output(int(hca_ptr[-1]) + 6, offset, device)
     ukv_torch.csa_translate_pack(x.topk, x.csa_table, x.positions, x.batch_id, csa_ptr, csa,
-                                 compress_base=step.compress_base, window=step.window)
-    ukv_torch.hca_decode_indices(x.hca_table, x.batch_id, x.n_hca, hca_ptr, hca, compress_base=step.compress_base)
+                                 compress_base=step.compress_base, window=step.window, block_size=step.block_size)
+    ukv_torch.hca_decode_indices(x.hca_table, x.batch_id, x.n_hca, hca_ptr, hca, compress_base=step.compress_base,
+                                 block_size=step.block_size)
     expected_csa, expected_hca = reference_buffer(csa_ptr.tolist()), reference_buffer(hca_ptr.tolist())
     ref.csa_translate_pack(expected_csa, step.topk, step.csa_table, step.positions, step.batch_id, csa_ptr.tolist(),
                            None, step.window, step.compress_base, step.csa_k)
@@ -93,7 +95,8 @@ def test_paged_decode_swa_only(device):
     swa_ptr, _, _ = decode_indptrs(step)
     out = output_buffer(swa_ptr, device)
     ukv_torch.paged_decode_indices(x.swa_table, x.positions, x.batch_id,
-                                   torch.tensor(swa_ptr, dtype=torch.int32, device=device), out, window=step.window)
+                                   torch.tensor(swa_ptr, dtype=torch.int32, device=device), out, window=step.window,
+                                   block_size=step.block_size)
     expected = reference_buffer(swa_ptr)
     ref.paged_decode_indices([(swa_ptr, expected)], step.swa_table, step.positions, step.batch_id, step.window,
                              step.block_size)
@@ -115,7 +118,7 @@ def test_hca_decode_maximal_and_long(device, offset):
         out = unaligned_output(hca_ptr[-1] + 6, offset, device)
         ukv_torch.hca_decode_indices(x.hca_table, x.batch_id, x.n_hca,
                                      torch.tensor(hca_ptr, dtype=torch.int32, device=device), out,
-                                     compress_base=step.compress_base)
+                                     compress_base=step.compress_base, block_size=step.block_size)
         expected = reference_buffer(hca_ptr)
         ref.hca_decode_indices(expected, step.hca_table, step.batch_id, step.n_hca, hca_ptr, step.compress_base,
                                step.hca_k)

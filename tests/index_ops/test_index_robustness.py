@@ -43,10 +43,11 @@ def run_decode_ops(step, indptrs, device, edit):
     ptrs = [torch.tensor(p, dtype=torch.int32, device=device) for p in indptrs]
     bases, (swa, csa, hca) = guarded_outputs(indptrs, device)
     ukv_torch.paged_decode_indices(x.swa_table, x.positions, x.batch_id, ptrs[0], swa, ptrs[1], csa, ptrs[2], hca,
-                                   window=step.window)
+                                   window=step.window, block_size=step.block_size)
     ukv_torch.csa_translate_pack(x.topk, x.csa_table, x.positions, x.batch_id, ptrs[1], csa,
-                                 compress_base=step.compress_base, window=step.window)
-    ukv_torch.hca_decode_indices(x.hca_table, x.batch_id, x.n_hca, ptrs[2], hca, compress_base=step.compress_base)
+                                 compress_base=step.compress_base, window=step.window, block_size=step.block_size)
+    ukv_torch.hca_decode_indices(x.hca_table, x.batch_id, x.n_hca, ptrs[2], hca, compress_base=step.compress_base,
+                                 block_size=step.block_size)
     return [b.tolist() for b in bases]
 
 
@@ -114,7 +115,8 @@ def run_prefill(step, indptrs, device, edit):
     ptrs = [torch.tensor(p, dtype=torch.int32, device=device) for p in indptrs]
     bases, outs = guarded_outputs(indptrs, device)
     ukv_torch.paged_prefill_indices(x.positions, x.batch_id, x.chunk_start, x.query_start, x.n_hca, x.swa_table,
-                                    x.hca_table, *ptrs, *outs, compress_base=step.compress_base, window=step.window)
+                                    x.hca_table, *ptrs, *outs, compress_base=step.compress_base, window=step.window,
+                                    block_size=step.block_size)
     return [b.tolist() for b in bases]
 
 

@@ -7,8 +7,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ukv_torch import ServeConfig
 from ukv_torch.distributed import (Divergence, TablesDiverged, broadcast_tables, check_tables_replicated,
                                    first_divergence, tables_buffer)
+
+
+def small_config(max_num_seqs, max_blocks_per_seq):
+    """A manager's configuration with the default two compress types: staged tables of 2 + 2 tables."""
+    return ServeConfig(max_num_seqs=max_num_seqs, max_blocks_per_seq=max_blocks_per_seq)
 
 
 @pytest.fixture
@@ -20,27 +26,30 @@ def one_rank():
 
 def test_helpers_refuse_to_run_without_a_process_group():
     with pytest.raises(RuntimeError, match="broadcast_tables: torch.distributed is not initialized"):
-        broadcast_tables(tables_buffer(2, 2, 4), 1)
+        broadcast_tables(tables_buffer(small_config(2, 4)), 1)
     with pytest.raises(RuntimeError, match="first_divergence: torch.distributed is not initialized"):
         first_divergence(torch.zeros(3))
 
 
-@pytest.mark.parametrize("args,message", [
-    ((0, 2, 4), "max_num_seqs must be an int >= 1, got 0"),
-    ((2, -1, 4), "num_types must be an int >= 0, got -1"),
-    ((2, 2, 4.0), "max_blocks_per_seq must be an int >= 1, got 4.0"),
-    ((True, 2, 4), "max_num_seqs must be an int >= 1, got True"),
+# The sizes come from the ServeConfig, which refuses a bad one naming the field.
+@pytest.mark.parametrize("sizes,error,message", [
+    (dict(max_num_seqs=0), ValueError, "max_num_seqs must be > 0, got 0"),
+    (dict(compress_ratios=(-1,)), ValueError, "compress_ratios: each ratio must be > 0 .* got -1"),
+    (dict(max_blocks_per_seq=4.0), TypeError, "max_blocks_per_seq must be an int, got float 4.0"),
+    (dict(max_num_seqs=True), TypeError, "max_num_seqs must be an int, got bool True"),
 ])
-def test_tables_buffer_bad_sizes(args, message):
-    with pytest.raises(ValueError, match=f"tables_buffer: {message}"):
-        tables_buffer(*args)
+def test_tables_buffer_bad_sizes(sizes, error, message):
+    with pytest.raises(error, match=f"ServeConfig.{message}"):
+        tables_buffer(ServeConfig(**sizes))
 
 
 def test_tables_buffer_has_the_manager_layout():
     from ukv_torch import KvManager
     m = KvManager(num_logical_blocks=16, num_swa_blocks=8, max_num_seqs=3, max_blocks_per_seq=5)
-    t = tables_buffer(3, m.num_types, 5)
+    t = tables_buffer(m.config)
     assert (t.shape, t.dtype, int(t.abs().sum())) == (m.tables.shape, m.tables.dtype, 0)
+    with pytest.raises(TypeError, match="tables_buffer: config must be a ServeConfig, got int"):
+        tables_buffer(3, m.num_types)  # the sizes of earlier versions
 
 
 @pytest.mark.parametrize("fn", [broadcast_tables, check_tables_replicated])
@@ -60,7 +69,7 @@ def test_table_helpers_bad_inputs(one_rank, fn, tables, rows, message):
 
 def test_broadcast_src_must_be_in_the_group(one_rank):
     with pytest.raises(ValueError, match="broadcast_tables: src must be a rank of the group, got 1"):
-        broadcast_tables(tables_buffer(2, 2, 4), 1, src=1)
+        broadcast_tables(tables_buffer(small_config(2, 4)), 1, src=1)
 
 
 def test_first_divergence_bad_inputs(one_rank):
@@ -103,7 +112,7 @@ def two_rank_worker(rank, init_file):
         with pytest.raises(TablesDiverged, match=r"differ in shape: rank 0 has \[2, 4, 8\], rank 1 has \[3, 4, 8\]"):
             check_tables_replicated(t, 2 + rank)
         # Rank 1 sends rows 0-2 of its tables into rank 0's buffer, in place; row 3 stays as it was.
-        buffer = tables_of(1) if rank == 1 else tables_buffer(4, 2, 8)
+        buffer = tables_of(1) if rank == 1 else tables_buffer(small_config(4, 8))
         address = buffer.data_ptr()
         broadcast_tables(buffer, 3, src=1)
         assert buffer.data_ptr() == address

@@ -9,29 +9,25 @@ pool nearly empty. A behavioural check on the demo's serving loop (the
 accounting only, no timing): a CSA-only model, whose every tensor compress
 can fill, under long prompts.
 """
-import dataclasses
-
-from ukv_torch.demo.__main__ import workload_copy
+from ukv_torch.demo.__main__ import MAX_NUM_BATCHED_TOKENS, plan_layout, workload_copy
 from ukv_torch.demo.server import Server, ServerConfig
 from ukv_torch.demo.workload import synthetic
-from ukv_torch.planning import KvPlan, plan_kv_layout
 
 RATIOS = [4]            # one CSA layer: every row is reachable by compress
 BUDGET = 7 << 20        # 80 SWA slots and no own compress region at all
 MAX_NUM_SEQS = 8
 
 
-class WithoutLending(KvPlan):
-    """The same plan, its manager limited to the SWA slots SWA released."""
-
-    def manager_kwargs(self):
-        return {**super().manager_kwargs(), "borrow_unreleased_swa": False}
+def without_lending(plan):
+    """The same plan, its manager limited to the SWA slots SWA released: the
+    unified layout that never borrows a slot SWA never used, on the plan's pools."""
+    return plan.replace(config=plan.config.replace(layout="upstream"))
 
 
 def util_at_first_refusal(plan):
     workload = synthetic(1, num_conversations=16, long_frac=0.6, long_range=(3072, 8192))
     server = Server("elastic", plan, workload_copy(workload),
-                    ServerConfig(RATIOS, max_num_seqs=MAX_NUM_SEQS, check_integrity=False, seed=1))
+                    ServerConfig(RATIOS, plan.config, check_integrity=False, seed=1))
     step = 0
     while not server.done() and server.result.first_refusal_util is None and step < 3000:
         server.step(step)
@@ -42,11 +38,12 @@ def util_at_first_refusal(plan):
 
 
 def test_elastic_layout_fills_its_rows_before_refusing():
-    plan = plan_kv_layout(BUDGET, RATIOS, max_num_seqs=MAX_NUM_SEQS, mode="elastic")
-    assert plan.manager_kwargs()["borrow_unreleased_swa"]
+    plan = plan_layout(BUDGET, RATIOS, "elastic", max_num_seqs=MAX_NUM_SEQS,
+                       max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, swa_sizing="upstream")
+    assert plan.mode == "elastic"  # the layout whose manager lends never-used SWA slots to compress
     assert plan.type_slots == (plan.num_swa_blocks,)  # every compress block lives in the SWA space
     # The refused request needs 52 blocks while 49 are free: the rest of the
     # gap is one request's size, not stranded rows.
     assert util_at_first_refusal(plan) >= 0.8
     # Without the option compress cannot take a single SWA slot SWA never used.
-    assert util_at_first_refusal(WithoutLending(**dataclasses.asdict(plan))) <= 0.1
+    assert util_at_first_refusal(without_lending(plan)) <= 0.1

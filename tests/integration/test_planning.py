@@ -45,25 +45,28 @@ def test_static_and_upstream_follow_the_upstream_formulas(preset, budget_gib):
     assert nb - 4 <= up.num_logical_blocks <= nb
     assert up.type_slots == (swa + math.ceil(up.num_logical_blocks / 4), swa + math.ceil(up.num_logical_blocks / 128))
     assert up.total_bytes == tensor_bytes(up, ratios) <= budget
-    assert up.manager_kwargs()["unified"] and not static.manager_kwargs()["unified"]
-    # Only elastic sizing needs compress to borrow SWA slots SWA never used.
-    assert not up.manager_kwargs()["borrow_unreleased_swa"] and not static.manager_kwargs()["borrow_unreleased_swa"]
+    assert up.unified and not static.unified
+    # Only elastic sizing needs compress to borrow SWA slots SWA never used: the
+    # elastic layout, which neither plan's configuration has.
+    assert (up.config.layout, static.config.layout) == ("upstream", "static")
 
 
 def test_elastic_covers_every_physical_compress_block_and_fits():
     ratios = MODEL_PRESETS["v4-flash"]
     budget = 8 << 30
-    plan = plan_kv_layout(budget, ratios, full_retain=True, swa_budget_frac=0.3, mode="elastic")
+    config = ukv_torch.ServeConfig(layout="elastic", full_retain=True, swa_budget_frac=0.3, max_num_seqs=4,
+                                   max_blocks_per_seq=8)
+    plan = plan_kv_layout(budget, ratios, config)
     csa_capacity = plan.type_slots[0] * 4
     hca_capacity = plan.type_slots[1] * 128
     assert plan.num_logical_blocks == min(csa_capacity, hca_capacity)
     assert plan.total_bytes == tensor_bytes(plan, ratios) <= budget
-    upstream = plan_kv_layout(budget, ratios, full_retain=True, swa_budget_frac=0.3, mode="upstream")
+    upstream = plan_kv_layout(budget, ratios, config.replace(layout="upstream"))
     assert plan.num_logical_blocks > upstream.num_logical_blocks  # idle SWA memory can serve compress
-    # The manager accepts the plan as is.
-    m = ukv_torch.KvManager(max_num_seqs=4, max_blocks_per_seq=8, **plan.manager_kwargs())
+    # The manager accepts the plan as is, with the configuration it was made for.
+    m = ukv_torch.KvManager(plan)
     assert m.stats()["free_logical_blocks"] == plan.num_logical_blocks
-    assert m.config()["borrow_unreleased_swa"] == 1
+    assert m.config == config and m.config.layout == "elastic"  # compress borrows never-used SWA slots
 
 
 @pytest.mark.parametrize("mode", ["static", "upstream", "elastic"])
@@ -83,8 +86,9 @@ def test_upstreams_fixed_chunk_allowance_is_8192_tokens_at_block_128():
     for mode in ("static", "upstream", "elastic"):
         default = plan_kv_layout(1 << 30, [4, 128, 0], max_num_seqs=32, mode=mode)
         assert default.num_swa_blocks == 32 * 2 + 64
-        assert plan_kv_layout(1 << 30, [4, 128, 0], max_num_seqs=32, max_num_batched_tokens=8192,
-                              mode=mode) == default
+        step = plan_kv_layout(1 << 30, [4, 128, 0], max_num_seqs=32, max_num_batched_tokens=8192, mode=mode)
+        assert step.config.swa_sizing == "step"  # all else the same plan
+        assert step.replace(config=default.config) == default
 
 
 def test_a_smaller_step_budget_frees_rows_for_compress():
@@ -105,13 +109,13 @@ def test_rows_agree_with_the_sizing_ops():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(budget_bytes=0), "budget_bytes"),
-    (dict(compress_ratios=[]), "compress_ratios"),
-    (dict(compress_ratios=[3]), "compress_ratio"),
-    (dict(mode="dynamic"), "mode"),
+    (dict(compress_ratios=[]), "ModelKvSpec.layer_ratios"),
+    (dict(compress_ratios=[3]), "ServeConfig.compress_ratios"),
+    (dict(mode="dynamic"), "ServeConfig.layout must be one of"),
     (dict(budget_bytes=1 << 20), "SWA region"),
-    (dict(swa_budget_frac=1.5, full_retain=True), "swa_budget_frac"),
-    (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
-    (dict(max_num_batched_tokens=-128), "max_num_batched_tokens"),
+    (dict(swa_budget_frac=1.5, full_retain=True), "ServeConfig.swa_budget_frac"),
+    (dict(max_num_batched_tokens=0), "ServeConfig.max_num_batched_tokens"),
+    (dict(max_num_batched_tokens=-128), "ServeConfig.max_num_batched_tokens"),
 ])
 def test_bad_arguments_name_the_argument(kwargs, message):
     args = dict(budget_bytes=1 << 30, compress_ratios=[4, 128])

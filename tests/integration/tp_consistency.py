@@ -39,19 +39,17 @@ import torch
 import torch.distributed as dist
 
 import ukv_torch
-from ukv_torch.demo.__main__ import PRESETS
+from ukv_torch.demo.__main__ import PRESETS, plan_layout
 from ukv_torch.demo.server import Server, ServerConfig
 from ukv_torch.demo.workload import synthetic
 from ukv_torch.distributed import (TablesDiverged, broadcast_tables, check_tables_replicated, first_divergence,
                                    tables_buffer)
-from ukv_torch.planning import plan_kv_layout
 
 # Run as a script, sys.path[0] is this file's folder; the support package is in tests/, one up.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support.tp_decode_step import DecodeStep, Layout, draw_decode_rows  # noqa: E402
 
 SCHEDULER = 0  # the rank that runs the manager in pattern (b)
-BLOCK, WINDOW = 128, 128  # the demo server's block size and sliding window
 
 
 def parse_args(argv=None):
@@ -112,30 +110,29 @@ class ObservedServer(Server):
 
 
 def make_plan(args):
-    """The layout every rank derives from the same engine configuration."""
-    return plan_kv_layout(int(args.budget_mib * (1 << 20)), PRESETS[args.preset], max_num_seqs=args.max_num_seqs,
-                          mode=args.layout)
+    """The layout every rank derives from the same engine configuration (the plan carries it)."""
+    return plan_layout(int(args.budget_mib * (1 << 20)), PRESETS[args.preset], args.layout,
+                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                       swa_sizing="upstream", max_blocks_per_seq=args.max_blocks_per_seq)
 
 
 def make_server(args, device: torch.device, on_forward: Callable) -> ObservedServer:
-    cfg = ServerConfig(PRESETS[args.preset], max_num_seqs=args.max_num_seqs,
-                       max_num_batched_tokens=args.max_num_batched_tokens, index_topk=args.index_topk,
-                       max_blocks_per_seq=args.max_blocks_per_seq, max_steps=args.steps, device=str(device),
-                       seed=args.seed, check_integrity=False)
+    plan = make_plan(args)
+    cfg = ServerConfig(PRESETS[args.preset], plan.config, index_topk=args.index_topk, max_steps=args.steps,
+                       device=str(device), seed=args.seed, check_integrity=False)
     # Long prompts and outputs under a tight budget: refusals, preemptions and completions in a few hundred steps.
     workload = synthetic(args.seed, num_conversations=args.conversations, steps_span=30, long_frac=0.3,
                          long_range=(1024, 3000), short_range=(64, 512), output_range=(32, 256))
-    return ObservedServer(args.layout, make_plan(args), workload, cfg, on_forward=on_forward)
+    return ObservedServer(args.layout, plan, workload, cfg, on_forward=on_forward)
 
 
 def decode_layout(args) -> Layout:
     plan = make_plan(args)
-    ks = list(plan.compress_ks)
-    if 32 not in ks or 1 not in ks:
-        raise SystemExit(f"--preset {args.preset}: the decode step needs CSA (k=32) and HCA (k=1) layers")
-    base = torch.ops.ukv.compress_base_row(plan.unified, plan.num_swa_blocks, BLOCK)
-    return Layout(args.max_num_seqs, args.max_blocks_per_seq, len(ks), WINDOW, args.index_topk, BLOCK, base,
-                  ks.index(32), ks.index(1))
+    config = plan.config
+    if 4 not in config.compress_ratios or 128 not in config.compress_ratios:
+        raise SystemExit(f"--preset {args.preset}: the decode step needs CSA (ratio 4) and HCA (ratio 128) layers")
+    base = torch.ops.ukv.compress_base_row(plan.unified, plan.num_swa_blocks, config.block_size)
+    return Layout(config, args.index_topk, base)
 
 
 class Run:
@@ -143,6 +140,7 @@ class Run:
 
     def __init__(self, args, device: torch.device):
         self.args, self.device = args, device
+        self.config = make_plan(args).config
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.counts = collections.Counter()
         self.failures: List[str] = []
@@ -170,8 +168,8 @@ class Run:
         self.perturbed.add(pattern)
         if self.rank != (self.world - 1 if a.perturb_rank is None else a.perturb_rank):
             return
-        col = positions[0] // BLOCK
-        tables[0, 1, col] += 1
+        col = positions[0] // self.config.block_size
+        tables[0, ukv_torch.table_index(self.config, "swa"), col] += 1
         print(f"[rank {self.rank}] {pattern} step {step}: perturbed row 0, SWA table, column {col}", file=sys.stderr,
               flush=True)
 
@@ -268,8 +266,7 @@ def run_scheduler(run: Run) -> int:
     layout = decode_layout(run.args)
     decode = DecodeStep(layout, run.device)
     if run.rank != SCHEDULER:
-        exchange = ScheduledStep(run, decode, tables_buffer(layout.max_num_seqs, layout.num_types,
-                                                            layout.max_blocks_per_seq, run.device))
+        exchange = ScheduledStep(run, decode, tables_buffer(layout.config, run.device))
         return follow(run, exchange)
     rng = np.random.default_rng([run.args.seed, 7])
     exchanged = set()

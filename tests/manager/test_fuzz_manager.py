@@ -27,7 +27,7 @@ from hypothesis import given, strategies as st
 
 from support.fuzz_support import ACCEPTED_ID_LAYOUTS, ACCEPTED_TOKEN_LAYOUTS, ID_LAYOUTS, fuzz_settings, in_layout
 from support.serving import CONFIGS, Serving, config
-from ukv_torch import KvManager
+from ukv_torch import KvManager, staged_tables_shape
 
 UNKNOWN_IDS = [-1, 10**6, 2**63 - 1, -(2**63)]
 
@@ -241,7 +241,8 @@ def check_accepted(run, name, values, result):
     assert run.cpp.take_events() == run.model.take_events(), name
     if name == "stage":
         width = run.cfg["max_blocks_per_seq"]
-        rows = [[[0] * width for _ in range(2 + len(run.ks))] for _ in values[0]]
+        tables = staged_tables_shape(run.cpp.config)[1]
+        rows = [[[0] * width for _ in range(tables)] for _ in values[0]]
         run.model.stage_rows(values[0], rows)
         assert run.cpp.host_tables[: len(values[0])].tolist() == rows
 
@@ -320,7 +321,7 @@ def test_one_bad_constructor_option_is_refused_naming_it(option, data, unified):
     options.pop(option)  # the same options without the bad one build
     m = KvManager(**options, **{option: VALID_OPTIONS[option]} if option in VALID_OPTIONS else {})
     m.check_invariants()
-    assert m.config()["num_logical_blocks"] == VALID_OPTIONS["num_logical_blocks"]
+    assert m.pools.num_logical_blocks == VALID_OPTIONS["num_logical_blocks"]
 
 
 # ------------------------------------------------------------- tiny pools --

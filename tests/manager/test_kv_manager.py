@@ -120,8 +120,8 @@ def test_clear_cache_drops_checkpoint_pins(unified):
 
 # ------------------------------------------------------------------ hazards --
 def elastic(**overrides):
-    """One compress type of one block per slot, 2 own slots: borrowing is easy to steer."""
-    options = dict(num_logical_blocks=10, num_swa_blocks=8, compress_ks=[128], type_slots=[8 + 2])
+    """One compress type of one block per slot (ratio 1: k = 128 rows), 2 own slots: borrowing is easy to steer."""
+    options = dict(num_logical_blocks=10, num_swa_blocks=8, compress_ratios=[1], type_slots=[8 + 2])
     options.update(overrides)
     return manager(True, **options)
 
@@ -131,11 +131,11 @@ def test_h5_and_ha_compress_borrows_only_when_its_own_region_is_full_and_drops_t
     a = tokens(4 * BS, 1)
     m.allocate(1, a)                         # 4 blocks: the own region, nothing borrowed (H5)
     prefill(m, 1, a, chunk=BS)               # SWA slots 0 and 1 window-freed (released, cached)
-    assert m.stats()["type0_borrows"] == 0
+    assert m.stats()["ratio1_borrows"] == 0
     # The own region is full of live blocks and nothing cached can stand in.
     m.allocate(3, tokens(100, 4))            # must borrow: the longest-released shared slot, 0
     st = m.stats()
-    assert (st["type0_borrows"], st["swa_evictions"], st["compress_evictions"]) == (1, 1, 0)
+    assert (st["ratio1_borrows"], st["swa_evictions"], st["compress_evictions"]) == (1, 1, 0)
     assert m.phys_table(3, 0).tolist() == [0]  # base 0: compress block 0 = the rows of SWA slot 0
     m.deallocate([3, 1])  # everything cached: the probes below fit, so they show what hits
     assert m.can_allocate(a[:BS] + tokens(50, 2)) == 0  # the evicted SWA entry is never hit again (H-a)
@@ -152,10 +152,10 @@ def test_a_cached_binding_stands_in_before_compress_borrows_a_shared_slot():
     m.deallocate([1])                      # free list: 2, 3, then A's blocks last-first: 1, 0
     m.allocate(2, tokens(100, 3))          # block 2 binds the last own block
     # The own region is full (2 cached bindings, 1 live); free: the 2 released shared slots.
-    assert m.stats()["type0_free_blocks"] == 2
+    assert m.stats()["ratio1_free_blocks"] == 2
     m.allocate(3, tokens(100, 4))          # block 3 has no binding: A's block 1 (coldest) stands in
     st = m.stats()
-    assert (st["type0_borrows"], st["swa_evictions"], st["compress_evictions"]) == (0, 0, 1)
+    assert (st["ratio1_borrows"], st["swa_evictions"], st["compress_evictions"]) == (0, 0, 1)
     assert m.logical_table(3).tolist() == [1] and m.phys_table(3, 0).tolist() == [a_phys[1]]
     m.deallocate([2, 3])
     assert m.can_allocate(a + [5]) == 1    # block 0 is still cached, block 1 is not
@@ -184,10 +184,10 @@ def test_h3_admission_succeeds_with_every_logical_block_bound_and_the_own_region
     m.deallocate([1])
     # Every CSA block of the own region is bound to a cached block; the 8 free
     # blocks are the 2 shared slots SWA released.
-    assert m.stats()["type0_free_blocks"] == 8
+    assert m.stats()["ratio4_free_blocks"] == 8
     assert m.allocate(2, tokens(1000, 2)) == 0  # reuse credits the retained bindings
     st = m.stats()
-    assert (st["type0_borrows"], st["type0_free_blocks"]) == (0, 8)  # reused in place, nothing borrowed
+    assert (st["ratio4_borrows"], st["ratio4_free_blocks"]) == (0, 8)  # reused in place, nothing borrowed
     m.check_invariants()
 
 
@@ -206,7 +206,7 @@ def cached_prompt_beside_free_blocks():
         h.append(block_hash(a[i * BS:(i + 1) * BS], h[-1] if h else None))
     m.deallocate([1])
     m.take_events()
-    assert m.stats()["type0_free_blocks"] == 6
+    assert m.stats()["ratio1_free_blocks"] == 6
     return m, phys, h
 
 
@@ -226,7 +226,7 @@ def test_fresh_blocks_bind_own_room_first_and_cached_ones_stand_in_for_the_rest(
     assert m.logical_table(3).tolist() == [3, 1, 0]
     assert m.phys_table(3, 0).tolist()[1:] == [a_phys[1], a_phys[0]]  # re-used in place
     st = m.stats()
-    assert (st["compress_evictions"], st["type0_borrows"]) == (2, 0)
+    assert (st["compress_evictions"], st["ratio1_borrows"]) == (2, 0)
     m.check_invariants()
 
 
@@ -285,7 +285,7 @@ def test_hj_chunked_prefill_frees_with_the_computed_length(unified):
 @pytest.mark.parametrize("mtp_k,tail", [(0, 1), (2, 2)])
 def test_ho_stale_window_hit_refused(mtp_k, tail):
     m = manager(True, mtp_k=mtp_k)
-    assert m.config()["tail_blocks"] == tail
+    assert m.quota_bounds()["tail_blocks"] == tail
     t = tokens(512, 1)
     m.allocate(1, t)
     prefill(m, 1, t)  # one chunk: only the last window's SWA rows exist
@@ -384,8 +384,11 @@ def test_wrapper_token_lists_out_of_int32_are_refused_naming_tokens():
 
 
 def test_bad_constructor_options():
-    with pytest.raises(ValueError, match="unknown option"):
-        torch.classes.ukv.KvManager({"num_logical_blocks": 4, "bogus": 1}, [32, 1], [], 0.5, "")
+    with pytest.raises(TypeError, match="unknown option.*bogus"):
+        KvManager(num_logical_blocks=4, num_swa_blocks=4, bogus=1)
+    with pytest.raises(ValueError, match="ServeConfig state has 1 trailing values"):  # the torch class reads records
+        torch.classes.ukv.KvManager(ukv_torch.ServeConfig().encode() + [0],
+                                    ukv_torch.PoolSizes(num_logical_blocks=4, num_swa_blocks=4).encode())
     with pytest.raises(ValueError, match="window"):
         manager(window=0)
     with pytest.raises(ValueError, match="compress_ks"):

@@ -23,8 +23,9 @@ def test_captured_upload_and_gather_match_eager_across_changing_states():
     m = KvManager(num_logical_blocks=40, num_swa_blocks=32, max_num_seqs=ROWS, max_blocks_per_seq=WIDTH,
                   device="cuda")
     rng = random.Random(1)
-    index = torch.randint(0, WIDTH, (ROWS, 2 + m.num_types, 8), device="cuda")
-    out = torch.zeros(ROWS, 2 + m.num_types, 8, dtype=torch.int32, device="cuda")
+    tables = ukv_torch.staged_tables_shape(m.config)[1]
+    index = torch.randint(0, WIDTH, (ROWS, tables, 8), device="cuda")
+    out = torch.zeros(ROWS, tables, 8, dtype=torch.int32, device="cuda")
     live, next_id = [], 0
     m.stage([])
     graph = torch.cuda.CUDAGraph()
@@ -70,14 +71,15 @@ def test_captured_upload_and_gather_match_eager_across_changing_states():
 def decode_step_ops(m, x, out):
     """A decode step's index ops on the manager's device tables (what a captured graph replays)."""
     ops = ukv_torch.ops
-    t = m.tables[:ROWS]
+    swa, csa, hca = (m.table(name)[:ROWS] for name in ("swa", 4, 128))
+    bs = m.config.block_size
     ops.decode_index_metadata(x["pos"], x["bid"], x["n_csa"], x["n_hca"], out["swa_ptr"], out["csa_ptr"],
                               out["hca_ptr"], window=128, index_topk=TOPK)
-    ops.paged_decode_indices(t[:, 1], x["pos"], x["bid"], out["swa_ptr"], out["swa"], out["csa_ptr"], out["csa"],
-                             out["hca_ptr"], out["hca"], window=128)
-    ops.csa_translate_pack(x["topk"], t[:, 2], x["pos"], x["bid"], out["csa_ptr"], out["csa"], compress_base=0,
-                           window=128)
-    ops.hca_decode_indices(t[:, 3], x["bid"], x["n_hca"], out["hca_ptr"], out["hca"], compress_base=0)
+    ops.paged_decode_indices(swa, x["pos"], x["bid"], out["swa_ptr"], out["swa"], out["csa_ptr"], out["csa"],
+                             out["hca_ptr"], out["hca"], window=128, block_size=bs)
+    ops.csa_translate_pack(x["topk"], csa, x["pos"], x["bid"], out["csa_ptr"], out["csa"], compress_base=0,
+                           window=128, block_size=bs)
+    ops.hca_decode_indices(hca, x["bid"], x["n_hca"], out["hca_ptr"], out["hca"], compress_base=0, block_size=bs)
 
 
 TOPK = 16

@@ -26,9 +26,9 @@ class DeviceMemory:
     [0, swa_pages) too, and its compress rows at base + phys * k.
     """
 
-    def __init__(self, cfg, type_rows, compress_base):
+    def __init__(self, cfg, ks, type_rows, compress_base):
         self.bs = cfg["block_size"]
-        self.ks = list(cfg.get("compress_ks", (32, 1)))
+        self.ks = list(ks)
         self.base = compress_base
         self.swa_rows = cfg["num_swa_blocks"] * self.bs
         self.dense = [None] * self.swa_rows
@@ -66,18 +66,18 @@ class Serving:
         self.model = KvManagerModel(**cfg)
         bs, ns, nb = cfg["block_size"], cfg["num_swa_blocks"], cfg["num_logical_blocks"]
         self.bs = bs
-        self.ks = list(cfg.get("compress_ks", (32, 1)))
+        self.ks, self.ratios = list(self.cpp.config.compress_ks), list(self.cpp.config.compress_ratios)
         self.window = cfg.get("window", 128)
         self.mtp_k = cfg.get("mtp_k", 0)
         self.unified = cfg.get("unified", True)
         if self.unified:
-            slots = cfg.get("type_slots") or ukv_torch.slot_counts(ns, nb, self.ks, bs)
+            slots = cfg.get("type_slots") or ukv_torch.slot_counts(ns, nb, self.ratios, bs)
             rows = [s * bs for s in slots]
             base = 0
         else:
             rows = [ns * bs + nb * k for k in self.ks]
             base = ns * bs
-        self.mem = DeviceMemory(cfg, rows, base)
+        self.mem = DeviceMemory(cfg, self.ks, rows, base)
         self.seqs = {}              # seq id -> dict(tokens, keys, target, phase)
         self.waiting = collections.deque()
         self.finished_tokens = []   # for repeats and multi-turn follow-ups
@@ -295,13 +295,14 @@ class Serving:
         self.cpp.stage(ids)
         host = self.cpp.host_tables
         width = self.cfg["max_blocks_per_seq"]
+        index = {name: ukv_torch.table_index(self.cpp.config, name) for name in ["logical", "swa", *self.ratios]}
         for r, sid in enumerate(ids):
             logical, swa, phys = self.tables(sid)
             pad = [0] * (width - len(logical))
-            assert host[r, 0].tolist() == logical + pad
-            assert host[r, 1].tolist() == [max(w, 0) for w in swa] + pad
-            for t in range(len(self.ks)):
-                assert host[r, 2 + t].tolist() == phys[t] + pad
+            assert host[r, index["logical"]].tolist() == logical + pad
+            assert host[r, index["swa"]].tolist() == [max(w, 0) for w in swa] + pad
+            for t, ratio in enumerate(self.ratios):
+                assert host[r, index[ratio]].tolist() == phys[t] + pad
 
     def step(self):
         while len(self.waiting) < 3:

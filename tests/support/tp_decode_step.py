@@ -29,15 +29,21 @@ OUTPUTS = ("swa_indptr", "csa_indptr", "hca_indptr", "swa", "csa", "hca")
 @dataclass
 class Layout:
     """What every rank knows from the engine configuration."""
-    max_num_seqs: int
-    max_blocks_per_seq: int
-    num_types: int
-    window: int
+    config: ukv_torch.ServeConfig
     index_topk: int
-    block_size: int
     compress_base: int
-    csa_type: int
-    hca_type: int
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.config.max_num_seqs
+
+    @property
+    def csa_type(self) -> int:
+        return self.config.type_of_ratio(4)
+
+    @property
+    def hca_type(self) -> int:
+        return self.config.type_of_ratio(128)
 
 
 @dataclass
@@ -57,7 +63,7 @@ class DecodeStep:
                        "batch_id": torch.full((n,), -1, **i32), "n_csa": torch.zeros(n, **i32),
                        "n_hca": torch.zeros(n, **i32), "topk": torch.zeros(n, k, **i32)}
         # A token reads at most the window plus max(top-k, every HCA entry).
-        self.capacity = n * (layout.window + max(k, layout.max_blocks_per_seq))
+        self.capacity = n * (layout.config.window + max(k, layout.config.max_blocks_per_seq))
         self.sizes = [n + 1] * 3 + [self.capacity] * 3
         self.message = torch.zeros(len(HEADER) + sum(t.numel() for t in self.inputs.values()), dtype=torch.int64,
                                    device=device)
@@ -92,21 +98,20 @@ class DecodeStep:
 
     def run(self, tables: torch.Tensor, out: torch.Tensor) -> None:
         """The decode step's index ops on the staged tables, into `out` (also what a graph captures)."""
-        x, lay = self.inputs, self.layout
+        x, lay, c = self.inputs, self.layout, self.layout.config
         o = dict(zip(OUTPUTS, out.split(self.sizes)))
         out.fill_(SENTINEL)
-        t = tables[: lay.max_num_seqs]
+        swa, csa, hca = (tables[: c.max_num_seqs, ukv_torch.table_index(c, name)] for name in ("swa", 4, 128))
         ukv_torch.decode_index_metadata(x["positions"], x["batch_id"], x["n_csa"], x["n_hca"], o["swa_indptr"],
-                                        o["csa_indptr"], o["hca_indptr"], window=lay.window,
+                                        o["csa_indptr"], o["hca_indptr"], window=c.window,
                                         index_topk=lay.index_topk)
-        ukv_torch.paged_decode_indices(t[:, 1], x["positions"], x["batch_id"], o["swa_indptr"], o["swa"],
-                                       o["csa_indptr"], o["csa"], o["hca_indptr"], o["hca"], window=lay.window,
-                                       block_size=lay.block_size)
-        ukv_torch.csa_translate_pack(x["topk"], t[:, 2 + lay.csa_type], x["positions"], x["batch_id"],
-                                     o["csa_indptr"], o["csa"], compress_base=lay.compress_base, window=lay.window,
-                                     block_size=lay.block_size)
-        ukv_torch.hca_decode_indices(t[:, 2 + lay.hca_type], x["batch_id"], x["n_hca"], o["hca_indptr"], o["hca"],
-                                     compress_base=lay.compress_base, block_size=lay.block_size)
+        ukv_torch.paged_decode_indices(swa, x["positions"], x["batch_id"], o["swa_indptr"], o["swa"],
+                                       o["csa_indptr"], o["csa"], o["hca_indptr"], o["hca"], window=c.window,
+                                       block_size=c.block_size)
+        ukv_torch.csa_translate_pack(x["topk"], csa, x["positions"], x["batch_id"], o["csa_indptr"], o["csa"],
+                                     compress_base=lay.compress_base, window=c.window, block_size=c.block_size)
+        ukv_torch.hca_decode_indices(hca, x["batch_id"], x["n_hca"], o["hca_indptr"], o["hca"],
+                                     compress_base=lay.compress_base, block_size=c.block_size)
 
     def capture(self, tables: torch.Tensor, out: torch.Tensor) -> "torch.cuda.CUDAGraph":
         """Capture run(tables, out); replays read whatever `tables` and the inputs hold then."""
@@ -128,7 +133,7 @@ class DecodeStep:
         lay, n = self.layout, len(decode.positions)
         pad = lay.max_num_seqs - n
         positions = [int(p) for p in decode.positions] + [0] * pad
-        step = Step(block_size=lay.block_size, window=lay.window, index_topk=lay.index_topk,
+        step = Step(block_size=lay.config.block_size, window=lay.config.window, index_topk=lay.index_topk,
                     compress_base=lay.compress_base, positions=positions, batch_id=list(range(n)) + [-1] * pad,
                     swa_table=list(swa), csa_table=list(csa), hca_table=list(hca),
                     n_csa=[(p + 1) // 4 for p in positions[:n]], n_hca=[(p + 1) // 128 for p in positions[:n]],

@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-
+from .. import ServeConfig
 from ..planning import MODEL_PRESETS, plan_kv_layout
 from . import report
 from .server import Server, ServerConfig
@@ -19,14 +19,18 @@ PRESETS = dict(MODEL_PRESETS, demo=[0, 4, 128, 4, 128])
 # How the SWA pool's prefill-chunk term is sized: upstream's fixed 64 blocks,
 # or the blocks the scheduler's per-step token budget can span.
 SWA_SIZINGS = ("upstream", "step")
+# The demo engine's defaults: sequences and tokens per step, the longest sequence, the sliding window.
+MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, MAX_BLOCKS_PER_SEQ, WINDOW = 32, 2048, 160, 128
 
 
-def plan_layout(budget, ratios, layout, *, max_num_seqs, max_num_batched_tokens, swa_sizing):
-    """The layout's plan; every layout of a run gets the same SWA sizing."""
-    if swa_sizing not in SWA_SIZINGS:
-        raise ValueError(f"swa_sizing must be one of {', '.join(SWA_SIZINGS)}, got {swa_sizing!r}")
-    step_tokens = max_num_batched_tokens if swa_sizing == "step" else None
-    return plan_kv_layout(budget, ratios, max_num_seqs=max_num_seqs, max_num_batched_tokens=step_tokens, mode=layout)
+def plan_layout(budget, ratios, layout, *, max_num_seqs, max_num_batched_tokens, swa_sizing,
+                max_blocks_per_seq=MAX_BLOCKS_PER_SEQ):
+    """The layout's plan, carrying the engine's ServeConfig (the server and its
+    manager take it from there); every layout of a run gets the same SWA sizing."""
+    config = ServeConfig(layout=layout, swa_sizing=swa_sizing, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens, max_blocks_per_seq=max_blocks_per_seq,
+                         window=WINDOW, compress_ratios=tuple(sorted({r for r in ratios if r})))
+    return plan_kv_layout(budget, ratios, config)
 
 
 def parse_args(argv=None):
@@ -40,8 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--conversations", type=int, default=48, help="synthetic workload size")
     p.add_argument("--workload", help="JSONL file of conversations instead of the synthetic mix")
     p.add_argument("--layouts", default="static,upstream,elastic")
-    p.add_argument("--max-num-seqs", type=int, default=32)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS)
+    p.add_argument("--max-num-batched-tokens", type=int, default=MAX_NUM_BATCHED_TOKENS)
     p.add_argument("--swa-sizing", default="upstream", choices=SWA_SIZINGS,
                    help="SWA pool = max_num_seqs windows + a prefill-chunk term: upstream's fixed 64 blocks, "
                         "or the blocks --max-num-batched-tokens spans")
@@ -68,9 +72,8 @@ def run(args) -> int:
             raise SystemExit(f"--layouts: unknown layout {layout!r} (choose from {', '.join(LAYOUTS)})")
         plan = plan_layout(budget, ratios, layout, max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=args.max_num_batched_tokens, swa_sizing=args.swa_sizing)
-        cfg = ServerConfig(ratios, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                           index_topk=args.index_topk, max_steps=args.steps, device=args.device, seed=args.seed,
-                           inject_fault_step=args.inject_fault, cuda_graph=not args.eager)
+        cfg = ServerConfig(ratios, plan.config, index_topk=args.index_topk, max_steps=args.steps, device=args.device,
+                           seed=args.seed, inject_fault_step=args.inject_fault, cuda_graph=not args.eager)
         server = Server(LAYOUTS[layout], plan, workload_copy(workload), cfg)
         bar = report.Progress(layout, workload.total_turns())
         step = 0

@@ -19,7 +19,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
-from .. import ops
+from .. import ServeConfig, ops, table_index
 from .captured_decode import CapturedDecode
 from .content_tags import CSA_SALT, HCA_SALT, SWA_SALT
 from .tagged_kv import TaggedKv
@@ -58,11 +58,13 @@ class Mismatch:
 
 
 class IntegrityChecker:
-    def __init__(self, kv: TaggedKv, window: int, index_topk: int, compress_ks, device: torch.device, seed: int):
-        self.kv, self.window, self.topk, self.device = kv, window, index_topk, device
-        self.bs = kv.block_size
-        self.csa_type = list(compress_ks).index(self.bs // 4) if self.bs // 4 in compress_ks else None
-        self.hca_type = list(compress_ks).index(self.bs // 128) if self.bs // 128 in compress_ks else None
+    def __init__(self, kv: TaggedKv, index_topk: int, config: ServeConfig, device: torch.device, seed: int):
+        self.kv, self.window, self.topk, self.device = kv, config.window, index_topk, device
+        self.bs = config.block_size
+        # Where the staged tables keep each table; no CSA / HCA table without that compress type.
+        self.logical_table, self.swa_table = table_index(config, "logical"), table_index(config, "swa")
+        self.csa_table = table_index(config, 4) if 4 in config.compress_ratios else None
+        self.hca_table = table_index(config, 128) if 128 in config.compress_ratios else None
         self.rng = np.random.default_rng(seed)
         self.mismatches: List[Mismatch] = []
         self.checked = 0
@@ -144,7 +146,7 @@ class IntegrityChecker:
         window_tags = np.concatenate([t.tags[t.start - n + 1: t.start + 1] for t, n in zip(tokens, n_swa)])
         labels = np.concatenate([[t.label] * n for t, n in zip(tokens, n_swa)])
         self._check(out["swa_indices"][: swa_ptr[-1]], window_tags, (labels, window_pos), np.zeros(len(window_tags), bool), 0)
-        if self.csa_type is not None:
+        if self.csa_table is not None:
             exp, pos, lab, roles = [], [], [], []
             for i, t in enumerate(tokens):
                 entries = picks[i, : valid[i]]
@@ -155,7 +157,7 @@ class IntegrityChecker:
                 roles += [np.ones(valid[i], bool), np.zeros(n_swa[i], bool)]
             self._check(out["csa_indices"][: csa_ptr[-1]], np.concatenate(exp), (lab, np.concatenate(pos)),
                         np.concatenate(roles), 4)
-        if self.hca_type is not None:
+        if self.hca_table is not None:
             exp, pos, lab, roles = [], [], [], []
             for i, t in enumerate(tokens):
                 entries = np.arange(n_hca[i])
@@ -184,16 +186,16 @@ class IntegrityChecker:
 
     def decode_ops_into(self, x: dict, tables: torch.Tensor, out: dict) -> None:
         """The decode step's index ops (also what a captured graph replays)."""
-        swa = tables[:, 1]
+        swa = tables[:, self.swa_table]
         ops.paged_decode_indices(swa, x["positions"], x["batch_id"], out["swa_indptr"], out["swa_indices"],
                                  out["csa_indptr"], out["csa_indices"], out["hca_indptr"], out["hca_indices"],
                                  window=self.window, block_size=self.bs)
-        if self.csa_type is not None:
-            ops.csa_translate_pack(x["topk"], tables[:, 2 + self.csa_type], x["positions"], x["batch_id"],
+        if self.csa_table is not None:
+            ops.csa_translate_pack(x["topk"], tables[:, self.csa_table], x["positions"], x["batch_id"],
                                    out["csa_indptr"], out["csa_indices"], compress_base=self.kv.compress_base,
                                    window=self.window, block_size=self.bs)
-        if self.hca_type is not None:
-            ops.hca_decode_indices(tables[:, 2 + self.hca_type], x["batch_id"], x["n_hca"], out["hca_indptr"],
+        if self.hca_table is not None:
+            ops.hca_decode_indices(tables[:, self.hca_table], x["batch_id"], x["n_hca"], out["hca_indptr"],
                                    out["hca_indices"], compress_base=self.kv.compress_base, block_size=self.bs)
 
     # --- prefill -----------------------------------------------------------
@@ -238,13 +240,13 @@ class IntegrityChecker:
                                                 int(ind[k][-1])))
                 return
         out = {k: torch.full((max(int(v[-1]), 1),), -1, dtype=torch.int32, device=self.device) for k, v in ptrs.items()}
-        hca_table = tables[:, 2 + self.hca_type] if self.hca_type is not None else tables[:, 0]
-        ops.paged_prefill_indices(positions, batch, dev(chunk_start), dev(query_start), dev(n_hca_seq), tables[:, 1],
-                                  hca_table, ind["extend"], ind["swa"], ind["csa"], ind["hca"], out["extend"],
-                                  out["swa"], out["csa"], out["hca"], compress_base=self.kv.compress_base,
-                                  window=self.window, block_size=self.bs)
-        if self.csa_type is not None:
-            ops.csa_translate_pack(dev(picks), tables[:, 2 + self.csa_type], positions, batch, ind["csa"], out["csa"],
+        hca_table = tables[:, self.logical_table if self.hca_table is None else self.hca_table]
+        ops.paged_prefill_indices(positions, batch, dev(chunk_start), dev(query_start), dev(n_hca_seq),
+                                  tables[:, self.swa_table], hca_table, ind["extend"], ind["swa"], ind["csa"],
+                                  ind["hca"], out["extend"], out["swa"], out["csa"], out["hca"],
+                                  compress_base=self.kv.compress_base, window=self.window, block_size=self.bs)
+        if self.csa_table is not None:
+            ops.csa_translate_pack(dev(picks), tables[:, self.csa_table], positions, batch, ind["csa"], out["csa"],
                                    compress_base=self.kv.compress_base, skip_per_token=prefix_count,
                                    block_size=self.bs)
         # Extend: rows of the forward's own kv, ending at the token's row.
@@ -265,8 +267,7 @@ class IntegrityChecker:
                     np.zeros(len(prefix_pos), bool), 0)
         pre_ptr = ptrs["swa"]
         for ratio, ptr_key in ((4, "csa"), (128, "hca")):
-            type_idx = self.csa_type if ratio == 4 else self.hca_type
-            if type_idx is None:
+            if (self.csa_table if ratio == 4 else self.hca_table) is None:
                 continue
             exp, pos, lab, roles = [], [], [], []
             for t in range(T):

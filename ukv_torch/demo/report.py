@@ -57,7 +57,7 @@ def plot(results, path: str) -> bool:
     fig, axes = plt.subplots(len(results), 1, figsize=(9, 2.6 * len(results)), sharex=True, squeeze=False)
     for ax, res in zip(axes[:, 0], results):
         s = res.series
-        bs_rows_swa = res.plan.num_swa_blocks * 128
+        bs_rows_swa = res.plan.num_swa_blocks * res.plan.config.block_size
         ax.plot([v / max(1, bs_rows_swa) for v in s["swa_rows"]], label="SWA rows in use / SWA region")
         ax.plot(s["util"], label="all rows in use / all rows")
         ax.set_ylim(0, 1.05)

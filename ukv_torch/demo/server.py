@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from .. import KvManager
+from .. import KvManager, ServeConfig, table_index
 from ..planning import KvPlan
 from .content_tags import TokenTags
 from .integrity import IntegrityChecker, Token, ragged
@@ -28,13 +28,11 @@ from .workload import VOCAB, Conversation, Workload, first_prompt, next_prompt
 
 @dataclass
 class ServerConfig:
+    """The demo's own options; the engine's (block size, window, batch limits) are `serve`,
+    the ServeConfig the plan was made for."""
     ratios: List[int]
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 2048
-    window: int = 128
+    serve: ServeConfig
     index_topk: int = 1024
-    block_size: int = 128
-    max_blocks_per_seq: int = 160
     max_steps: int = 2000
     device: str = "cpu"
     seed: int = 0
@@ -115,24 +113,23 @@ class LayoutResult:
         }
 
 
-def corrupt_entry(tables: torch.Tensor):
+def corrupt_entry(tables: torch.Tensor, swa_table: int):
     """Point row 0's last used SWA table entry elsewhere; returns its index."""
-    used = tables[0, 1].nonzero()
-    index = (0, 1, int(used[-1]) if len(used) else 0)
+    used = tables[0, swa_table].nonzero()
+    index = (0, swa_table, int(used[-1]) if len(used) else 0)
     tables[index] += 1
     return index
 
 
 class Server:
     def __init__(self, name: str, plan: KvPlan, workload: Workload, cfg: ServerConfig):
-        self.cfg, self.workload, self.plan = cfg, workload, plan
+        if plan.config != cfg.serve:
+            raise ValueError(f"Server: the plan was made for {plan.config}, not for cfg.serve {cfg.serve}")
+        self.cfg, self.serve, self.workload, self.plan = cfg, cfg.serve, workload, plan
         self.device = torch.device(cfg.device)
-        self.mgr = KvManager(block_size=cfg.block_size, window=cfg.window, max_num_seqs=cfg.max_num_seqs,
-                             max_num_batched_tokens=cfg.max_num_batched_tokens,
-                             max_blocks_per_seq=cfg.max_blocks_per_seq,
-                             device=None if self.device.type == "cpu" else self.device, **plan.manager_kwargs())
-        self.kv = TaggedKv(cfg.ratios, plan, self.device, cfg.block_size)
-        self.checker = IntegrityChecker(self.kv, cfg.window, cfg.index_topk, plan.compress_ks, self.device, cfg.seed)
+        self.mgr = KvManager(plan, device=None if self.device.type == "cpu" else self.device)
+        self.kv = TaggedKv(cfg.ratios, plan, self.device)
+        self.checker = IntegrityChecker(self.kv, cfg.index_topk, cfg.serve, self.device, cfg.seed)
         if cfg.cuda_graph and cfg.check_integrity and self.device.type == "cuda":
             self.checker.capture_decode(self.mgr.tables)
         self.result = LayoutResult(name, plan)
@@ -143,13 +140,14 @@ class Server:
         self.open_turns = workload.total_turns()
         for conv in workload.conversations:
             self._schedule(conv, 0, first_prompt(workload, conv), conv.arrival)
-        ks = list(plan.compress_ks)
-        self.layer_k = [0 if r == 0 else cfg.block_size // r for r in cfg.ratios]
-        self.type_of_ratio = {r: ks.index(cfg.block_size // r) for r in set(cfg.ratios) if r}
+        self.layer_k = [0 if r == 0 else self.serve.block_size // r for r in cfg.ratios]
+        # Where the staged tables keep the SWA table and each compress ratio's physical table.
+        self.swa_table = table_index(self.serve, "swa")
+        self.compress_table = {r: table_index(self.serve, r) for r in set(cfg.ratios) if r}
 
     # --- workload ----------------------------------------------------------
     def _schedule(self, conv: Conversation, turn: int, prompt: np.ndarray, step: int) -> None:
-        limit = self.cfg.max_blocks_per_seq * self.cfg.block_size - 1
+        limit = self.serve.max_blocks_per_seq * self.serve.block_size - 1
         out = conv.turns[turn][1]
         if len(prompt) + out > limit:  # the engine's max_model_len
             self.open_turns -= len(conv.turns) - turn
@@ -164,7 +162,7 @@ class Server:
     def step(self, step: int) -> None:
         self.waiting.extend(self.arrivals.pop(step, []))
         decoding = self._decode_batch()
-        chunks = self._prefill_batch(budget=self.cfg.max_num_batched_tokens - len(decoding))
+        chunks = self._prefill_batch(budget=self.serve.max_num_batched_tokens - len(decoding))
         if chunks:
             self.mgr.ensure_for_tokens([r.seq_id for r, _ in chunks], [n for _, n in chunks])
         batch = decoding + [r for r, _ in chunks]
@@ -198,7 +196,7 @@ class Server:
                 n = min(len(r.tags) - r.computed, budget)
                 chunks.append((r, n))
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < self.serve.max_num_seqs:
             r = self.waiting[0]
             seq_id = self.next_seq_id
             cached = self.mgr.allocate(seq_id, torch.from_numpy(r.tags.tokens))
@@ -222,7 +220,7 @@ class Server:
     # --- memory accounting ---------------------------------------------------
     def _rows_in_use(self, stats) -> Dict[str, float]:
         live_blocks = self.plan.num_logical_blocks - stats["free_logical_blocks"]
-        swa_rows = stats["held_swa_slots"] * self.cfg.block_size
+        swa_rows = stats["held_swa_slots"] * self.serve.block_size
         compress_rows = sum(live_blocks * k for k in self.layer_k)
         used = swa_rows * len(self.layer_k) + compress_rows
         # The fullest layer tensor: the resource that ran out at a refusal.
@@ -258,7 +256,7 @@ class Server:
         self._write_kv(decode_tokens, prefill_tokens, tables)
         # The injected fault damages the staged table in place (a captured graph reads
         # it there) between the model's writes and the index check, for this step only.
-        corrupt = corrupt_entry(tables) if self.cfg.inject_fault_step == step else None
+        corrupt = corrupt_entry(tables, self.swa_table) if self.cfg.inject_fault_step == step else None
         self.checker.decode(decode_tokens, tables, len(batch))
         self.checker.prefill(prefill_tokens, tables, len(batch))
         if corrupt is not None:
@@ -270,17 +268,17 @@ class Server:
         rows, pos, tags = [], [], []
         window_only = [False] * len(decode_tokens) + [True] * len(prefill_tokens)
         for t, chunk in zip(decode_tokens + prefill_tokens, window_only):
-            lo = max(t.start, t.start + t.count - self.cfg.window) if chunk else t.start
+            lo = max(t.start, t.start + t.count - self.serve.window) if chunk else t.start
             p = np.arange(lo, t.start + t.count)
             rows.append(np.full(len(p), t.row))
             pos.append(p)
             tags.append(t.tags[p])
-        bs = self.cfg.block_size
+        bs = self.serve.block_size
         row_t = torch.as_tensor(np.concatenate(rows)).to(self.device)
         pos_t = torch.as_tensor(np.concatenate(pos)).to(self.device)
-        swa_rows = tables[row_t, 1, pos_t // bs].long() * bs + pos_t % bs
+        swa_rows = tables[row_t, self.swa_table, pos_t // bs].long() * bs + pos_t % bs
         self.kv.write_swa(swa_rows, torch.as_tensor(np.concatenate(tags)).to(self.device))
-        for ratio, t_idx in self.type_of_ratio.items():
+        for ratio, table in self.compress_table.items():
             k = bs // ratio
             starts = np.array([t.start // ratio for t in decode_tokens + prefill_tokens])
             ends = np.array([(t.start + t.count) // ratio for t in decode_tokens + prefill_tokens])
@@ -292,7 +290,7 @@ class Server:
             entry_tags = np.array([all_tokens[o].tags[ratio * e + ratio - 1] for o, e in zip(owners, entries)])
             own_rows = torch.as_tensor(np.array([all_tokens[o].row for o in owners])).to(self.device)
             ent = torch.as_tensor(entries).to(self.device)
-            phys = tables[own_rows, 2 + t_idx, ent // k].long()
+            phys = tables[own_rows, table, ent // k].long()
             self.kv.write_compress(ratio, phys, ent % k, torch.as_tensor(entry_tags).to(self.device))
 
     # --- commit ----------------------------------------------------------------

@@ -25,13 +25,13 @@ ROLE_SALT = {0: SWA_SALT, 4: CSA_SALT, 128: HCA_SALT}
 
 
 class TaggedKv:
-    def __init__(self, ratios: Sequence[int], plan: KvPlan, device: torch.device, block_size: int = 128):
+    def __init__(self, ratios: Sequence[int], plan: KvPlan, device: torch.device):
         self.ratios = list(ratios)
-        self.block_size = block_size
+        self.block_size = block_size = plan.config.block_size
         self.unified = plan.unified
         self.compress_base = torch.ops.ukv.compress_base_row(plan.unified, plan.num_swa_blocks, block_size)
         if plan.unified:
-            slots = {block_size // k: s for k, s in zip(plan.compress_ks, plan.type_slots)}
+            slots = dict(zip(plan.config.compress_ratios, plan.type_slots))
             kv = allocate_unified_kv(ratios, plan.num_swa_blocks, 1, type_slots=slots, dtype=torch.int64,
                                      device=device, block_size=block_size)
         else:
@@ -46,9 +46,6 @@ class TaggedKv:
             t.fill_(-1)
         self.salts = [layer_salt(i) for i in range(len(ratios))]
         self.total_rows = sum(t.shape[0] for t in self.kv)
-
-    def type_index(self, ratio: int, compress_ks: Sequence[int]) -> int:
-        return list(compress_ks).index(self.block_size // ratio)
 
     def write_swa(self, rows: torch.Tensor, tags: torch.Tensor) -> None:
         for layer, t in enumerate(self.kv):

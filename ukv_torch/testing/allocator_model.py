@@ -141,6 +141,7 @@ class PoolModel:
         _require(0 <= shared_slots <= num_slots, "shared_slots")
         self.num_slots, self.k, self.block_size, self.shared_slots = num_slots, k, block_size, shared_slots
         self.blocks_per_slot = block_size // k if k else 0
+        self.compress_ratio = self.blocks_per_slot  # block_size // k; 0 for an SWA-only pool
         self.role = [FREE] * num_slots
         self.free_shared = Fifo(range(shared_slots))
         self.free_own = Fifo(range(shared_slots, num_slots))
@@ -358,6 +359,9 @@ class CoordinatorModel:
     def ks(self):
         return [pool.k for pool in self.pools]
 
+    def compress_ratios(self):
+        return [pool.compress_ratio for pool in self.pools]
+
     def type_slots(self):
         return [pool.num_slots for pool in self.pools]
 
@@ -554,3 +558,30 @@ class CoordinatorModel:
 def _free_own_blocks(pool):
     """Blocks the pool can hand out without opening a shared slot."""
     return sum(len(pool.free_subs[slot]) for slot in pool.open) + len(pool.free_own) * pool.blocks_per_slot
+
+
+# --- the torch classes' constructor arguments: compress types named by ratio ---
+def rows_per_compress_block(compress_ratio, block_size):
+    """k = block_size / compress_ratio (0: an SWA-only pool), refused as the core refuses it."""
+    _require(block_size > 0, "block_size")
+    _require(compress_ratio >= 0, "compress_ratio")
+    if compress_ratio == 0:
+        return 0
+    _require(block_size % compress_ratio == 0, "compress_ratio")
+    return block_size // compress_ratio
+
+
+def pool_model(num_slots, compress_ratio, block_size, shared_slots=0):
+    """The PoolModel of torch.classes.ukv.TypePool(num_slots, compress_ratio, block_size, shared_slots)."""
+    return PoolModel(num_slots, rows_per_compress_block(compress_ratio, block_size), block_size, shared_slots)
+
+
+def coordinator_model(num_swa_base, compress_ratios, num_slots, block_size, borrow_unreleased_swa=False):
+    """The CoordinatorModel of torch.classes.ukv.Coordinator(num_swa_base, compress_ratios, num_slots,
+    block_size, borrow_unreleased_swa): the ratios are checked first, as the torch class does."""
+    _require(len(compress_ratios) == len(num_slots), "num_slots")
+    ks = []
+    for ratio in compress_ratios:
+        _require(ratio > 0, "compress_ratio")
+        ks.append(rows_per_compress_block(ratio, block_size))
+    return CoordinatorModel(num_swa_base, ks, num_slots, block_size, borrow_unreleased_swa)

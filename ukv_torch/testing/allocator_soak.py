@@ -21,7 +21,8 @@ import torch
 
 import ukv_torch
 
-NUM_SWA, NUM_BLOCKS, KS, BLOCK_SIZE = 512, 4096, [32, 1], 128
+NUM_SWA, NUM_BLOCKS, RATIOS, BLOCK_SIZE = 512, 4096, [4, 128], 128
+KS = [BLOCK_SIZE // r for r in RATIOS]  # rows per compress block of each type
 WINDOW_BLOCKS = 2      # SWA blocks a sequence keeps: a 128-token window straddles two
 MAX_BLOCKS = 96        # a sequence finishes at this length
 PAGE = resource.getpagesize()
@@ -41,14 +42,16 @@ class Seq:
 class Soak:
     def __init__(self, seed):
         self.rng = random.Random(seed)
-        self.slots = ukv_torch.slot_counts(NUM_SWA, NUM_BLOCKS, KS, BLOCK_SIZE)
-        self.coord = torch.classes.ukv.Coordinator(NUM_SWA, KS, self.slots, BLOCK_SIZE)
+        self.slots = ukv_torch.slot_counts(NUM_SWA, NUM_BLOCKS, RATIOS, BLOCK_SIZE)
+        self.coord = torch.classes.ukv.Coordinator(NUM_SWA, RATIOS, self.slots, BLOCK_SIZE)
         self.live = []
+        self.swa_used = set()  # SWA slots taken at least once
         self.ops = self.steps = self.refusals = self.preemptions = self.evictions = self.checks = 0
 
     # --- allocation and freeing: every id is one operation ---
     def take(self, n_swa, n_blocks):
         swa = self.coord.alloc_swa_n(n_swa).tolist()
+        self.swa_used.update(swa)
         blocks = [self.coord.alloc_compress_n(t, n_blocks).tolist() for t in range(len(KS))]
         self.ops += n_swa + n_blocks * len(KS)
         return swa, blocks
@@ -116,28 +119,35 @@ class Soak:
         self.checks += 1
 
     def check_all_rows_free(self):
-        """Nothing leaked: every SWA slot free, every compress block free, no slot owned."""
+        """Nothing leaked: every SWA slot free, every compress block free, no slot owned. A shared
+        slot SWA never took (a short run) stays reserved in every pool: compress borrows released ones only."""
         assert self.coord.free_swa_slots() == NUM_SWA
         for t, k in enumerate(KS):
-            assert self.coord.free_compress_blocks(t) == self.slots[t] * (BLOCK_SIZE // k), f"type {t} leaked blocks"
-            assert all(self.coord.owner(t, s) == "free" for s in range(self.slots[t])), f"type {t} leaked a slot"
+            owners = [self.coord.owner(t, s) for s in range(self.slots[t])]
+            expected = ["free" if s >= NUM_SWA or s in self.swa_used else "reserved" for s in range(self.slots[t])]
+            assert owners == expected, f"type {t} leaked a slot"
+            assert self.coord.free_compress_blocks(t) == owners.count("free") * (BLOCK_SIZE // k), \
+                f"type {t} leaked blocks"
         self.coord.check_invariants()
 
 
 def run_soak(ops, seed=0, check_every=100_000):
-    """Runs until `ops` operations; returns the figures, RSS sampled after the
-    first check (start: allocations that only warm up are done), at the middle
-    and at the end."""
+    """Runs until `ops` operations; returns the figures, RSS at the start, at
+    the middle and at the end. The start is sampled before the loop and again
+    after the first check (allocations that only warm up are done by then), so
+    a run shorter than one check interval still has one."""
     soak = Soak(seed)
-    rss, next_check, started = {}, check_every, time.perf_counter()
+    rss, next_check, started = {"start": rss_bytes()}, check_every, time.perf_counter()
+    warmed_up = False
     while soak.ops < ops:
         soak.step()
         if soak.ops >= next_check:
             soak.check()
             next_check += check_every
-            rss.setdefault("start", rss_bytes())
-            if soak.ops >= ops // 2:
-                rss.setdefault("middle", rss_bytes())
+            if not warmed_up:
+                rss["start"], warmed_up = rss_bytes(), True
+        if "middle" not in rss and soak.ops >= ops // 2:
+            rss["middle"] = rss_bytes()
     soak.finish(list(soak.live))
     soak.check_all_rows_free()
     rss["end"] = rss_bytes()

@@ -421,14 +421,16 @@ def span_blocks(w: int, bs: int) -> int:
 class KvManagerModel:
     def __init__(self, *, num_logical_blocks, num_swa_blocks, block_size=128, window=128, mtp_k=0,
                  max_num_batched_tokens=8192, enable_prefix_caching=True, unified=True,
-                 compress_ks=(32, 1), type_slots=None, borrow_unreleased_swa=False, full_retain=False,
-                 retention_interval=0,
+                 compress_ratios=(4, 128), compress_ks=None, type_slots=None, borrow_unreleased_swa=False,
+                 full_retain=False, retention_interval=0,
                  checkpoint_frac=0.5, max_num_seqs=256, max_blocks_per_seq=1024):
         bs = block_size
         self.bs, self.window, self.mtp_k = bs, window, mtp_k
         self.prefix_caching, self.unified, self.full_retain = enable_prefix_caching, unified, full_retain
         self.num_logical, self.num_swa = num_logical_blocks, num_swa_blocks
-        self.ks = list(compress_ks)
+        # Compress types by ratio (k = block_size / ratio rows per block), or by k as
+        # the manager's keyword form still accepts.
+        self.ks = list(compress_ks) if compress_ks is not None else [bs // r for r in compress_ratios]
         self.max_blocks_per_seq, self.max_num_seqs = max_blocks_per_seq, max_num_seqs
         self.num_types = len(self.ks)
         # SWA geometry (SPEC §1.3) and the per-sequence quota bound.
@@ -916,9 +918,9 @@ class KvManagerModel:
         if self.unified:
             d["swa_evictions"] = self.space.evictions
             d["unreleased_borrows"] = self.space.unreleased_borrows
-            for t, p in enumerate(self.pools):
-                d[f"type{t}_free_blocks"] = self.space.free_blocks(t)
-                d[f"type{t}_borrows"] = p.borrows
+            for t, p in enumerate(self.pools):  # named by compress ratio, as the manager's stats
+                d[f"ratio{self.bs // p.k}_free_blocks"] = self.space.free_blocks(t)
+                d[f"ratio{self.bs // p.k}_borrows"] = p.borrows
         return d
 
     def stage_rows(self, seq_ids, rows):
@@ -928,8 +930,8 @@ class KvManagerModel:
         for r, sid in enumerate(seq_ids):
             s = self.seqs[sid]
             pad = [0] * (width - len(s.logical))
-            row = rows[r]
-            row[0][:] = s.logical + pad
-            row[1][:] = [max(w, 0) for w in s.swa] + pad
-            for t in range(self.num_types):
-                row[2 + t][:] = s.phys[t] + pad
+            logical, swa, *phys = rows[r]
+            logical[:] = s.logical + pad
+            swa[:] = [max(w, 0) for w in s.swa] + pad
+            for table, blocks in zip(phys, s.phys):
+                table[:] = blocks + pad
