@@ -8,7 +8,7 @@ directly (int64 ids and counts, int32/int64 tokens) on hot paths.
 
 Table layout: `tables` is `staged_tables_shape(config)` int32
 on the manager's device (or on the host without one); `table_index(config,
-name)` says where each table lies: 'logical', 'swa' (-1 written as 0), and the
+name)` says where each table lies: 'logical', 'swa' (-1: a page not held), and the
 physical table of each compress type named by its ratio (the logical ids in
 the static split). `KvManager.table(name)` is that view.
 """
@@ -140,7 +140,7 @@ class KvManager:
         return dict(self.torch_object.stats())
 
     def quota_bounds(self) -> Dict[str, int]:
-        """SWA quota bounds in blocks: tail_blocks (the hit's trailing window), prefill_quota_bound, decode_quota_bound."""
+        """SWA quota bounds in pages: tail_pages (the hit's trailing window), prefill_quota_bound, decode_quota_bound."""
         return dict(self.torch_object.quota_bounds())
 
     def take_events(self) -> List[Tuple[int, int, int, bool]]:

@@ -105,7 +105,8 @@ const std::vector<int32_t>& KvManager::logical_table(int64_t seq_id) const { ret
 const std::vector<int32_t>& KvManager::swa_table(int64_t seq_id) const { return seq(seq_id).swa; }
 std::vector<int32_t> KvManager::phys_table(int64_t seq_id, int64_t type) const {
   const int64_t tables = serve_.num_phys_tables();
-  require(type >= 0 && type < tables, "physical table ", type, " out of range [0, ", tables, ")");
+  require(type >= 0 && type < tables, "phys_table: compress type ", type, " out of range [0, ", tables,
+          ") (the row-space layout has one envelope table, 0)");
   std::vector<int32_t> out;
   for (int32_t id : seq(seq_id).logical) out.push_back(phys_of(type, id));
   return out;

@@ -285,7 +285,7 @@ def test_hj_chunked_prefill_frees_with_the_computed_length(unified):
 @pytest.mark.parametrize("mtp_k,tail", [(0, 1), (2, 2)])
 def test_ho_stale_window_hit_refused(mtp_k, tail):
     m = manager(True, mtp_k=mtp_k)
-    assert m.quota_bounds()["tail_blocks"] == tail
+    assert m.quota_bounds()["tail_pages"] == tail
     t = tokens(512, 1)
     m.allocate(1, t)
     prefill(m, 1, t)  # one chunk: only the last window's SWA rows exist
@@ -567,7 +567,7 @@ def expected_rows(m, ids, width):
     for sid in ids:
         logical, swa = m.logical_table(sid).tolist(), m.swa_table(sid).tolist()
         pad = [0] * (width - len(logical))
-        rows.append([logical + pad, [max(w, 0) for w in swa] + pad] +
+        rows.append([logical + pad, list(swa) + pad] +
                     [m.phys_table(sid, t).tolist() + pad for t in range(m.num_types)])
     return torch.tensor(rows, dtype=torch.int32)
 

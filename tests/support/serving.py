@@ -300,7 +300,7 @@ class Serving:
             logical, swa, phys = self.tables(sid)
             pad = [0] * (width - len(logical))
             assert host[r, index["logical"]].tolist() == logical + pad
-            assert host[r, index["swa"]].tolist() == [max(w, 0) for w in swa] + pad
+            assert host[r, index["swa"]].tolist() == list(swa) + pad
             for t, ratio in enumerate(self.ratios):
                 assert host[r, index[ratio]].tolist() == phys[t] + pad
 

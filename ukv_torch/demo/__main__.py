@@ -14,7 +14,8 @@ from . import report
 from .server import Server, ServerConfig
 from .workload import load_jsonl, synthetic
 
-LAYOUTS = {"static": "static split", "upstream": "unified (upstream sizing)", "elastic": "unified (elastic sizing)"}
+LAYOUTS = {"static": "static split", "upstream": "unified (upstream sizing)", "elastic": "unified (elastic sizing)",
+           "row_space": "row space"}
 PRESETS = dict(MODEL_PRESETS, demo=[0, 4, 128, 4, 128])
 # How the SWA pool's prefill-chunk term is sized: upstream's fixed 64 blocks,
 # or the blocks the scheduler's per-step token budget can span.
@@ -23,13 +24,19 @@ SWA_SIZINGS = ("upstream", "step")
 MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, MAX_BLOCKS_PER_SEQ, WINDOW = 32, 2048, 160, 128
 
 
+# Tokens per SWA page of the row-space layout (the slot layouts page by blocks).
+SWA_PAGE_TOKENS = 32
+
+
 def plan_layout(budget, ratios, layout, *, max_num_seqs, max_num_batched_tokens, swa_sizing,
-                max_blocks_per_seq=MAX_BLOCKS_PER_SEQ):
+                max_blocks_per_seq=MAX_BLOCKS_PER_SEQ, swa_page_tokens=SWA_PAGE_TOKENS):
     """The layout's plan, carrying the engine's ServeConfig (the server and its
-    manager take it from there); every layout of a run gets the same SWA sizing."""
+    manager take it from there); every slot layout of a run gets the same SWA
+    sizing, the row-space layout pages of swa_page_tokens."""
     config = ServeConfig(layout=layout, swa_sizing=swa_sizing, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, max_blocks_per_seq=max_blocks_per_seq,
-                         window=WINDOW, compress_ratios=tuple(sorted({r for r in ratios if r})))
+                         window=WINDOW, compress_ratios=tuple(sorted({r for r in ratios if r})),
+                         swa_page_tokens=swa_page_tokens if layout == "row_space" else 0)
     return plan_kv_layout(budget, ratios, config)
 
 
@@ -43,7 +50,11 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--conversations", type=int, default=48, help="synthetic workload size")
     p.add_argument("--workload", help="JSONL file of conversations instead of the synthetic mix")
-    p.add_argument("--layouts", default="static,upstream,elastic")
+    p.add_argument("--layouts", default="static,upstream,elastic,row_space",
+                   help=f"comma-separated, from: {', '.join(LAYOUTS)}")
+    p.add_argument("--swa-page-tokens", type=int, default=SWA_PAGE_TOKENS,
+                   help="tokens per SWA page of the row_space layout (a divisor of the block size and a multiple "
+                        "of every compress type's rows per block)")
     p.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS)
     p.add_argument("--max-num-batched-tokens", type=int, default=MAX_NUM_BATCHED_TOKENS)
     p.add_argument("--swa-sizing", default="upstream", choices=SWA_SIZINGS,
@@ -70,7 +81,7 @@ def run(args) -> int:
     for layout in args.layouts.split(","):
         if layout not in LAYOUTS:
             raise SystemExit(f"--layouts: unknown layout {layout!r} (choose from {', '.join(LAYOUTS)})")
-        plan = plan_layout(budget, ratios, layout, max_num_seqs=args.max_num_seqs,
+        plan = plan_layout(budget, ratios, layout, max_num_seqs=args.max_num_seqs, swa_page_tokens=args.swa_page_tokens,
                            max_num_batched_tokens=args.max_num_batched_tokens, swa_sizing=args.swa_sizing)
         cfg = ServerConfig(ratios, plan.config, index_topk=args.index_topk, max_steps=args.steps, device=args.device,
                            seed=args.seed, inject_fault_step=args.inject_fault, cuda_graph=not args.eager)

@@ -65,6 +65,9 @@ class IntegrityChecker:
         self.logical_table, self.swa_table = table_index(config, "logical"), table_index(config, "swa")
         self.csa_table = table_index(config, 4) if 4 in config.compress_ratios else None
         self.hca_table = table_index(config, 128) if 128 in config.compress_ratios else None
+        # The SWA rows of each output's class: SWA-only (dense) layers, CSA, HCA.
+        self.swa_rows = {"swa_rows": kv.swa_rows_of(0), "csa_swa_rows": kv.swa_rows_of(4),
+                         "hca_swa_rows": kv.swa_rows_of(128)}
         self.rng = np.random.default_rng(seed)
         self.mismatches: List[Mismatch] = []
         self.checked = 0
@@ -189,14 +192,14 @@ class IntegrityChecker:
         swa = tables[:, self.swa_table]
         ops.paged_decode_indices(swa, x["positions"], x["batch_id"], out["swa_indptr"], out["swa_indices"],
                                  out["csa_indptr"], out["csa_indices"], out["hca_indptr"], out["hca_indices"],
-                                 window=self.window, block_size=self.bs)
+                                 window=self.window, block_size=self.bs, **self.swa_rows)
         if self.csa_table is not None:
             ops.csa_translate_pack(x["topk"], tables[:, self.csa_table], x["positions"], x["batch_id"],
-                                   out["csa_indptr"], out["csa_indices"], compress_base=self.kv.compress_base,
-                                   window=self.window, block_size=self.bs)
+                                   out["csa_indptr"], out["csa_indices"], window=self.window, block_size=self.bs,
+                                   **self.kv.compress_args[4])
         if self.hca_table is not None:
             ops.hca_decode_indices(tables[:, self.hca_table], x["batch_id"], x["n_hca"], out["hca_indptr"],
-                                   out["hca_indices"], compress_base=self.kv.compress_base, block_size=self.bs)
+                                   out["hca_indices"], block_size=self.bs, **self.kv.compress_args[128])
 
     # --- prefill -----------------------------------------------------------
     def prefill(self, chunks: List[Token], tables: torch.Tensor, num_rows: int) -> None:
@@ -241,14 +244,15 @@ class IntegrityChecker:
                 return
         out = {k: torch.full((max(int(v[-1]), 1),), -1, dtype=torch.int32, device=self.device) for k, v in ptrs.items()}
         hca_table = tables[:, self.logical_table if self.hca_table is None else self.hca_table]
+        hca = self.kv.compress_args.get(128, {"compress_base": 0, "block_stride": None})
         ops.paged_prefill_indices(positions, batch, dev(chunk_start), dev(query_start), dev(n_hca_seq),
                                   tables[:, self.swa_table], hca_table, ind["extend"], ind["swa"], ind["csa"],
                                   ind["hca"], out["extend"], out["swa"], out["csa"], out["hca"],
-                                  compress_base=self.kv.compress_base, window=self.window, block_size=self.bs)
+                                  compress_base=hca["compress_base"], hca_block_stride=hca["block_stride"],
+                                  window=self.window, block_size=self.bs, **self.swa_rows)
         if self.csa_table is not None:
             ops.csa_translate_pack(dev(picks), tables[:, self.csa_table], positions, batch, ind["csa"], out["csa"],
-                                   compress_base=self.kv.compress_base, skip_per_token=prefix_count,
-                                   block_size=self.bs)
+                                   skip_per_token=prefix_count, block_size=self.bs, **self.kv.compress_args[4])
         # Extend: rows of the forward's own kv, ending at the token's row.
         tok_q = np.repeat(qstart_seq, cnt) + (p - tok_cs)
         want_ext = ragged(tok_q - ext + 1, ext)

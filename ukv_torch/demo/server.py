@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from .. import KvManager, ServeConfig, table_index
+from .. import KvManager, ServeConfig, swa_slot_mapping, table_index
 from ..planning import KvPlan
 from .content_tags import TokenTags
 from .integrity import IntegrityChecker, Token, ragged
@@ -66,6 +66,8 @@ class LayoutResult:
     unservable: int = 0
     first_refusal_util: Optional[float] = None         # rows in use / all rows
     first_refusal_tensor_util: Optional[float] = None  # the fullest layer tensor
+    first_refusal_budget_in_use: Optional[float] = None  # bytes of live KV / the byte budget
+    moved_rows: int = 0                                 # rows the row space moved so far
     stranded_rows_at_refusals: List[int] = field(default_factory=list)
     series: Dict[str, List[float]] = field(default_factory=lambda: collections.defaultdict(list))
     stats: Dict[str, int] = field(default_factory=dict)
@@ -95,6 +97,15 @@ class LayoutResult:
             "mean_compress_rows": round(float(np.mean(self.series["compress_rows"])) if util else 0.0, 1),
             "mean_util": round(float(np.mean(util)) if util else 0.0, 4),
             "util_at_first_refusal": None if self.first_refusal_util is None else round(self.first_refusal_util, 4),
+            "budget_in_use_at_first_refusal": None if self.first_refusal_budget_in_use is None
+            else round(self.first_refusal_budget_in_use, 4),
+            "mean_budget_in_use": round(float(np.mean(self.series["budget_in_use"])) if util else 0.0, 4),
+            "moved_bytes_per_step_max": int(max(self.series["moved_bytes"], default=0)),
+            "moved_bytes_per_step_mean": round(float(np.mean(self.series["moved_bytes"])) if util else 0.0, 1),
+            # Relocated bytes over the live KV bytes of the same step, averaged over steps.
+            "moved_fraction_mean": round(float(np.mean([m / l for m, l in zip(self.series["moved_bytes"],
+                                                                                self.series["live_bytes"]) if l]))
+                                         if util else 0.0, 6),
             "fullest_tensor_at_first_refusal": None if self.first_refusal_tensor_util is None
             else round(self.first_refusal_tensor_util, 4),
             "prefix_hit_rate": round(s.get("prefix_hit_blocks", 0) / q, 4),
@@ -128,8 +139,11 @@ class Server:
         self.cfg, self.serve, self.workload, self.plan = cfg, cfg.serve, workload, plan
         self.device = torch.device(cfg.device)
         self.mgr = KvManager(plan, device=None if self.device.type == "cpu" else self.device)
-        self.kv = TaggedKv(cfg.ratios, plan, self.device)
-        self.checker = IntegrityChecker(self.kv, cfg.index_topk, cfg.serve, self.device, cfg.seed)
+        # The tags and the checker only when the run checks (a capacity study at
+        # GiB budgets needs the accounting alone).
+        self.kv = TaggedKv(cfg.ratios, plan, self.device) if cfg.check_integrity else None
+        self.checker = IntegrityChecker(self.kv, cfg.index_topk, cfg.serve, self.device, cfg.seed) \
+            if cfg.check_integrity else None
         if cfg.cuda_graph and cfg.check_integrity and self.device.type == "cuda":
             self.checker.capture_decode(self.mgr.tables)
         self.result = LayoutResult(name, plan)
@@ -140,6 +154,8 @@ class Server:
         self.open_turns = workload.total_turns()
         for conv in workload.conversations:
             self._schedule(conv, 0, first_prompt(workload, conv), conv.arrival)
+        self.row_space = self.serve.layout == "row_space"
+        self.layer_rows = [plan.pools.total_rows] if self.row_space else list(plan.layer_rows)
         self.layer_k = [0 if r == 0 else self.serve.block_size // r for r in cfg.ratios]
         # Where the staged tables keep the SWA table and each compress ratio's physical table.
         self.swa_table = table_index(self.serve, "swa")
@@ -219,34 +235,52 @@ class Server:
 
     # --- memory accounting ---------------------------------------------------
     def _rows_in_use(self, stats) -> Dict[str, float]:
+        """Rows and bytes the live SWA pages and logical blocks hold. Rows are
+        per layer tensor in the slot layouts (and the fullest tensor is what
+        ran out at a refusal); the row space is one tensor of them all."""
         live_blocks = self.plan.num_logical_blocks - stats["free_logical_blocks"]
-        swa_rows = stats["held_swa_slots"] * self.serve.block_size
+        pages = stats["held_swa_slots"]
+        in_use_bytes = pages * self.plan.swa_block_bytes + live_blocks * self.plan.compressed_block_bytes
+        swa_rows = pages * self.serve.swa_page
         compress_rows = sum(live_blocks * k for k in self.layer_k)
-        used = swa_rows * len(self.layer_k) + compress_rows
-        # The fullest layer tensor: the resource that ran out at a refusal.
-        tensor_util = max((swa_rows + live_blocks * k) / t.shape[0] for k, t in zip(self.layer_k, self.kv.kv))
-        return {"swa_rows": swa_rows, "compress_rows": compress_rows, "util": used / self.kv.total_rows,
-                "used": used, "tensor_util": tensor_util}
+        if self.row_space:
+            used = stats["live_envelopes"] * self.plan.pools.envelope_rows + \
+                stats["live_swa_units"] * self.plan.pools.swa_unit_rows
+            tensor_util = used / self.layer_rows[0]
+        else:
+            used = swa_rows * len(self.layer_k) + compress_rows
+            tensor_util = max((swa_rows + live_blocks * k) / rows for k, rows in zip(self.layer_k, self.layer_rows))
+        return {"swa_rows": swa_rows, "compress_rows": compress_rows, "util": used / sum(self.layer_rows),
+                "used": used, "tensor_util": tensor_util, "budget_in_use": in_use_bytes / self.plan.budget_bytes}
 
     def _refused(self) -> None:
         self.result.refusals += 1
         rows = self._rows_in_use(self.mgr.stats())
-        self.result.stranded_rows_at_refusals.append(self.kv.total_rows - rows["used"])
+        self.result.stranded_rows_at_refusals.append(sum(self.layer_rows) - rows["used"])
         if self.result.first_refusal_util is None:
             self.result.first_refusal_util = rows["util"]
             self.result.first_refusal_tensor_util = rows["tensor_util"]
+            self.result.first_refusal_budget_in_use = rows["budget_in_use"]
 
     def _record(self) -> None:
-        rows = self._rows_in_use(self.mgr.stats())
-        for key in ("swa_rows", "compress_rows", "util"):
+        stats = self.mgr.stats()
+        rows = self._rows_in_use(stats)
+        for key in ("swa_rows", "compress_rows", "util", "budget_in_use"):
             self.result.series[key].append(rows[key])
         self.result.series["running"].append(len(self.running))
+        # Bytes the row space moved this step (units relocated to make room).
+        moved = stats.get("moved_rows", 0) - self.result.moved_rows
+        self.result.moved_rows += moved
+        self.result.series["moved_bytes"].append(moved * (self.plan.total_bytes // max(1, self.plan.pools.total_rows)))
+        self.result.series["live_bytes"].append(rows["budget_in_use"] * self.plan.budget_bytes)
 
     # --- the model: KV writes, index checks ---------------------------------
     def _forward(self, step: int, decoding: List[Request], chunks, batch: List[Request]) -> None:
         self.mgr.stage([r.seq_id for r in batch])
         self.mgr.upload(len(batch))
         tables = self.mgr.tables[: len(batch)]
+        if self.kv is not None:  # the units the row space moved, before the step touches KV
+            self.kv.apply_copies(self.mgr.row_copies, self.mgr.row_copy_counts)
         decode_tokens = [Token(i, r.tags.tags, r.computed, 1, f"request {r.rid} (decode)")
                          for i, r in enumerate(decoding)]
         prefill_tokens = [Token(len(decoding) + j, r.tags.tags, r.computed, n, f"request {r.rid} (prefill)")
@@ -263,21 +297,22 @@ class Server:
             tables[corrupt] -= 1
 
     def _write_kv(self, decode_tokens: List[Token], prefill_tokens: List[Token], tables: torch.Tensor) -> None:
-        """Window-only SWA writes for prefill chunks, every position in decode,
-        and every compressed entry whose last position was computed."""
-        rows, pos, tags = [], [], []
-        window_only = [False] * len(decode_tokens) + [True] * len(prefill_tokens)
-        for t, chunk in zip(decode_tokens + prefill_tokens, window_only):
-            lo = max(t.start, t.start + t.count - self.serve.window) if chunk else t.start
-            p = np.arange(lo, t.start + t.count)
-            rows.append(np.full(len(p), t.row))
-            pos.append(p)
-            tags.append(t.tags[p])
+        """SWA writes where swa_slot_mapping gives a row (the positions the
+        manager gave pages: a prefill chunk's last window, every decode
+        position), and every compressed entry whose last position was computed."""
+        tokens = decode_tokens + prefill_tokens
+        pos = np.concatenate([np.arange(t.start, t.start + t.count) for t in tokens])
+        bid = np.concatenate([np.full(t.count, t.row) for t in tokens])
+        tags = torch.as_tensor(np.concatenate([t.tags[t.start: t.start + t.count] for t in tokens])).to(self.device)
+        pos_t = torch.as_tensor(pos).to(self.device)
+        bid_t = torch.as_tensor(bid, dtype=torch.int32).to(self.device)
+        slots = torch.empty(len(pos), dtype=torch.int32, device=self.device)
         bs = self.serve.block_size
-        row_t = torch.as_tensor(np.concatenate(rows)).to(self.device)
-        pos_t = torch.as_tensor(np.concatenate(pos)).to(self.device)
-        swa_rows = tables[row_t, self.swa_table, pos_t // bs].long() * bs + pos_t % bs
-        self.kv.write_swa(swa_rows, torch.as_tensor(np.concatenate(tags)).to(self.device))
+        for ratio in set(self.cfg.ratios):
+            swa_slot_mapping(tables[:, self.swa_table], pos_t, bid_t, slots, block_size=bs,
+                             swa_rows=self.kv.swa_rows[ratio])
+            keep = slots >= 0
+            self.kv.write_swa(ratio, slots[keep].long(), tags[keep])
         for ratio, table in self.compress_table.items():
             k = bs // ratio
             starts = np.array([t.start // ratio for t in decode_tokens + prefill_tokens])

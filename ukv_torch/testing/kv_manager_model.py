@@ -932,6 +932,6 @@ class KvManagerModel:
             pad = [0] * (width - len(s.logical))
             logical, swa, *phys = rows[r]
             logical[:] = s.logical + pad
-            swa[:] = [max(w, 0) for w in s.swa] + pad
+            swa[:] = list(s.swa) + pad
             for table, blocks in zip(phys, s.phys):
                 table[:] = blocks + pad
