@@ -1,44 +1,106 @@
-"""Capacity of the three layouts under one byte budget, over several budgets
-and workload mixes: the demo's serving loop (ukv_torch.demo.server) with the
-integrity check off, since only the accounting matters here.
+"""Capacity of the KV layouts under one byte budget: the demo's serving loop
+(ukv_torch.demo.server) with the integrity check off, since only the
+accounting matters here.
 
-    python benchmarks/capacity.py [--out benchmarks/capacity.md] [--plot benchmarks/capacity.png]
+    python benchmarks/capacity.py [--scenario P|V5|L16|all] [--json] [--out F.md] [--plot F.png]
+    python benchmarks/capacity.py --sweep [--out F.md]   # the slot layouts over budgets and mixes
 
-For each (SWA sizing, mix, budget): requests completed, served tokens per step, admission
-refusals, preemptions, and the rows in use at the first admission refusal
-(over all layer tensors, and in the fullest tensor).
+Scenarios (each over several workload seeds):
+- P:   the demo workload (synthetic, 48 conversations), layers 1 dense + 2 CSA
+       + 2 HCA at V4 fp8 costs, 40 MiB, 32 sequences, 2,048-token steps;
+- V5:  V4-Pro (62 layers), 5 GiB, 256 sequences, 8,192-token steps, 384
+       conversations;
+- L16: V4-Pro, 16 GiB, 35% of prompts of 16K-64K tokens and the rest
+       512-4,096, outputs 1,024-4,096, 512 conversations, sequences up to 128K;
+       a run stops after 20,000 steps (the first refusal is what counts).
+Layouts: the static split and option-2 elastic (both with the SWA pool sized
+from the step's token budget), row_space with 128-, 64- and 32-token SWA
+pages, and "ideal" with the same pages: a perfectly fungible byte pool, the
+row-space manager (the same admission policy and page) on exact bytes instead
+of rows, so no row, lattice or indexer padding.
+
+Reported per layout (means over the seeds): the budget in use at the first
+admission refusal (bytes of live KV over the budget), served tokens per step
+and its ratio to the static split, the prefix hit rate, refusals,
+preemptions, and the bytes the row space relocated per step (max, mean, and
+mean fraction of the step's live KV bytes).
 """
 import argparse
 import datetime
+import json
+import math
 import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Dict, List
 
+import numpy as np
+
+from ukv_torch import KvPlan, PoolSizes
 from ukv_torch.demo.__main__ import (MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, PRESETS, SWA_SIZINGS, plan_layout,
                                      workload_copy)
 from ukv_torch.demo.server import Server, ServerConfig
 from ukv_torch.demo.workload import synthetic
 
-MIXES = {
-    # name: synthetic() overrides
-    "long-heavy": dict(long_frac=0.6, long_range=(3072, 8192)),
-    "mixed": dict(long_frac=0.35),
-    "chat": dict(long_frac=0.1, followup_prob=0.7),
+
+@dataclass
+class Scenario:
+    preset: str
+    budget_mib: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    conversations: int
+    seeds: List[int]
+    max_blocks_per_seq: int = 160
+    max_steps: int = 20000
+    mix: Dict[str, object] = field(default_factory=dict)  # synthetic() overrides
+
+
+SCENARIOS = {
+    "P": Scenario("demo", 40, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, 48, [0, 1, 2, 3, 4]),
+    "V5": Scenario("v4-pro", 5 * 1024, 256, 8192, 384, [0, 1, 2]),
+    "L16": Scenario("v4-pro", 16 * 1024, 256, 8192, 512, [0, 1], max_blocks_per_seq=1024,
+                    mix=dict(long_frac=0.35, long_range=(16384, 65536), short_range=(512, 4096),
+                             output_range=(1024, 4096))),
 }
-# Budgets per SWA sizing: the step-sized SWA pool (80 slots) leaves compress
-# room at budgets where upstream's 128 slots alone would not fit.
-BUDGETS_MIB = {"upstream": [64, 96, 160], "step": [40, 48, 56, 64, 96]}
-LAYOUTS = ["static", "upstream", "elastic"]
+# name -> (layout, SWA page tokens)
+LAYOUTS = {"static": ("static", 0), "elastic": ("elastic", 0),
+           "row_space-128": ("row_space", 128), "row_space-64": ("row_space", 64), "row_space-32": ("row_space", 32),
+           "ideal-128": ("ideal", 128), "ideal-64": ("ideal", 64), "ideal-32": ("ideal", 32)}
 
 
-def run_case(sizing, mix, budget_mib, layout, seed, max_steps):
-    ratios = PRESETS["demo"]
-    plan = plan_layout(int(budget_mib * (1 << 20)), ratios, layout, max_num_seqs=MAX_NUM_SEQS,
-                       max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, swa_sizing=sizing)
+def ideal_plan(plan: KvPlan) -> KvPlan:
+    """The row-space plan re-cut to exact bytes: an envelope is every compress
+    layer's rows of a block plus the CSA indexer's bytes, a unit is a page of
+    every layer, and the budget is all of it, in rows of the greatest common
+    divisor of the two sizes (a perfectly fungible byte pool)."""
+    m, c = plan.model, plan.config
+    row_bytes = m.head_dim * m.kv_elem_bytes + m.rope_head_dim * m.rope_elem_bytes
+    envelope = sum(c.block_size // r for r in m.layer_ratios if r) * row_bytes + \
+        m.layer_ratios.count(4) * m.indexer_bytes_per_block
+    unit = c.swa_page * len(m.layer_ratios) * row_bytes
+    grain = math.gcd(envelope, unit)
+    total = plan.budget_bytes // grain
+    pools = PoolSizes(num_logical_blocks=total // (envelope // grain), num_swa_blocks=total // (unit // grain),
+                      total_rows=total, envelope_rows=envelope // grain, swa_unit_rows=unit // grain)
+    return plan.replace(pools=pools, compressed_block_bytes=envelope, swa_block_bytes=unit,
+                        total_bytes=total * grain, kv_bytes=total * grain, rope_bytes=0)
+
+
+def plan_for(scenario: Scenario, name: str) -> KvPlan:
+    layout, page = LAYOUTS[name]
+    plan = plan_layout(scenario.budget_mib << 20, PRESETS[scenario.preset],
+                       "row_space" if layout == "ideal" else layout, max_num_seqs=scenario.max_num_seqs,
+                       max_num_batched_tokens=scenario.max_num_batched_tokens, swa_sizing="step",
+                       max_blocks_per_seq=scenario.max_blocks_per_seq, swa_page_tokens=page or 32)
+    return ideal_plan(plan) if layout == "ideal" else plan
+
+
+def run(plan: KvPlan, ratios, workload, seed: int, max_steps: int) -> dict:
     cfg = ServerConfig(ratios, plan.config, check_integrity=False, seed=seed)
-    workload = synthetic(seed, num_conversations=64, **MIXES[mix])
-    server = Server(layout, plan, workload_copy(workload), cfg)
+    server = Server("", plan, workload_copy(workload), cfg)
     step = 0
     while not server.done() and step < max_steps:
         server.step(step)
@@ -47,57 +109,142 @@ def run_case(sizing, mix, budget_mib, layout, seed, max_steps):
     return server.finish_run().summary()
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    ap.add_argument("--plot")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--max-steps", type=int, default=3000)
-    args = ap.parse_args()
+FIGURES = ("budget_in_use_at_first_refusal", "tokens_per_step", "prefix_hit_rate", "admission_refusals",
+           "preemptions", "moved_bytes_per_step_max", "moved_bytes_per_step_mean", "moved_fraction_mean",
+           "requests_completed", "steps")
+
+
+def run_scenario(name: str, layouts: List[str], log) -> dict:
+    sc = SCENARIOS[name]
+    ratios = PRESETS[sc.preset]
+    per_layout: Dict[str, List[dict]] = {layout: [] for layout in layouts}
+    for seed in sc.seeds:
+        workload = synthetic(seed, num_conversations=sc.conversations, **sc.mix)
+        for layout in layouts:
+            started = time.time()
+            s = run(plan_for(sc, layout), ratios, workload, seed, sc.max_steps)
+            per_layout[layout].append(s)
+            print(f"{name} seed {seed} {layout:>14}: {s['requests_completed']} done in {s['steps']} steps, "
+                  f"{s['tokens_per_step']} tok/step, in use at 1st refusal {s['budget_in_use_at_first_refusal']}, "
+                  f"{time.time() - started:.0f} s", file=log)
+    out = {}
+    for layout, runs in per_layout.items():
+        fig = {}
+        for key in FIGURES:
+            values = [r[key] for r in runs if r[key] is not None]
+            fig[key] = round(float(np.mean(values)), 6) if values else None
+        fig["budget_in_use_at_first_refusal_per_seed"] = [r["budget_in_use_at_first_refusal"] for r in runs]
+        fig["served_tokens_per_step"] = fig.pop("tokens_per_step")
+        out[layout] = fig
+    static = out.get("static", {}).get("served_tokens_per_step")
+    for fig in out.values():
+        fig["ratio_to_static"] = round(fig["served_tokens_per_step"] / static, 4) if static else None
+    return {"scenario": name, "budget_bytes": sc.budget_mib << 20, "seeds": sc.seeds, "layouts": out}
+
+
+def table(result: dict) -> str:
+    lines = [f"Scenario {result['scenario']} ({result['budget_bytes'] >> 20} MiB, seeds {result['seeds']})", "",
+             "| layout | budget in use @1st refusal | served tok/step | vs static | hit rate | refusals | preemptions "
+             "| relocated bytes/step max | mean | mean fraction of live KV |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for layout, f in result["layouts"].items():
+        lines.append(f"| {layout} | {f['budget_in_use_at_first_refusal']} | {f['served_tokens_per_step']} | "
+                     f"{f['ratio_to_static']} | {f['prefix_hit_rate']} | {f['admission_refusals']} | "
+                     f"{f['preemptions']} | {f['moved_bytes_per_step_max']} | {f['moved_bytes_per_step_mean']} | "
+                     f"{f['moved_fraction_mean']} |")
+    return "\n".join(lines)
+
+
+def plot(results: List[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, len(results), figsize=(4.2 * len(results), 6.4), squeeze=False)
+    for col, result in enumerate(results):
+        names = list(result["layouts"])
+        figs = [result["layouts"][n] for n in names]
+        for row, (key, label) in enumerate((("ratio_to_static", "served tokens/step vs static"),
+                                            ("budget_in_use_at_first_refusal", "budget in use at 1st refusal"))):
+            ax = axes[row][col]
+            ax.bar(range(len(names)), [f[key] or 0 for f in figs], color="#4c72b0")
+            ax.set_xticks(range(len(names)))
+            ax.set_xticklabels(names, rotation=35, ha="right", fontsize=7)
+            ax.set_title(f"{result['scenario']}: {label}", fontsize=9)
+            ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ---- the slot layouts over budgets and mixes -------------------------------
+
+MIXES = {
+    "long-heavy": dict(long_frac=0.6, long_range=(3072, 8192)),
+    "mixed": dict(long_frac=0.35),
+    "chat": dict(long_frac=0.1, followup_prob=0.7),
+}
+BUDGETS_MIB = {"upstream": [64, 96, 160], "step": [40, 48, 56, 64, 96]}
+
+
+def sweep(seed: int, max_steps: int, log) -> str:
     rows = []
-    started = time.time()
+    ratios = PRESETS["demo"]
     for sizing in SWA_SIZINGS:
-        for mix in MIXES:
+        for mix, overrides in MIXES.items():
             for budget in BUDGETS_MIB[sizing]:
-                for layout in LAYOUTS:
-                    s = run_case(sizing, mix, budget, layout, args.seed, args.max_steps)
+                for layout in ("static", "upstream", "elastic", "row_space"):
+                    plan = plan_layout(budget << 20, ratios, layout, max_num_seqs=MAX_NUM_SEQS,
+                                       max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, swa_sizing=sizing)
+                    s = run(plan, ratios, synthetic(seed, num_conversations=64, **overrides), seed, max_steps)
                     rows.append((sizing, mix, budget, layout, s))
-                    print(f"{sizing:>8} {mix:>10} {budget:>4} MiB {layout:>8}: {s['requests_completed']} done in "
-                          f"{s['steps']} steps", file=sys.stderr)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    lines = [f"Machine: {platform.processor() or platform.machine()}, {platform.system()}; date "
-             f"{datetime.date.today()}; commit {commit}; {time.time() - started:.0f} s.", "",
-             "| SWA sizing | mix | budget MiB | layout | SWA blocks | logical blocks | steps | completed "
-             "| served tok/step | refusals | preemptions | hit rate | util @1st refusal | fullest tensor @1st refusal |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                    print(f"{sizing:>8} {mix:>10} {budget:>4} MiB {layout:>9}: {s['requests_completed']} done in "
+                          f"{s['steps']} steps", file=log)
+    lines = ["| SWA sizing | mix | budget MiB | layout | steps | served tok/step | refusals | preemptions | hit rate "
+             "| budget in use @1st refusal |", "|---|---|---|---|---|---|---|---|---|---|"]
     for sizing, mix, budget, layout, s in rows:
-        lines.append(f"| {sizing} | {mix} | {budget} | {layout} | {s['swa_blocks']} | {s['logical_blocks']} | "
-                     f"{s['steps']} | {s['requests_completed']} | {s['tokens_per_step']} | {s['admission_refusals']} | "
-                     f"{s['preemptions']} | {s['prefix_hit_rate']} | {s['util_at_first_refusal']} | "
-                     f"{s['fullest_tensor_at_first_refusal']} |")
-    text = "\n".join(lines)
-    print(text)
+        lines.append(f"| {sizing} | {mix} | {budget} | {layout} | {s['steps']} | {s['tokens_per_step']} | "
+                     f"{s['admission_refusals']} | {s['preemptions']} | {s['prefix_hit_rate']} | "
+                     f"{s['budget_in_use_at_first_refusal']} |")
+    return "\n".join(lines)
+
+
+def header(started: float) -> str:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return (f"Machine: {platform.processor() or platform.machine()}, {platform.system()}; date {datetime.date.today()};"
+            f" commit {commit}; {time.time() - started:.0f} s.")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", default="all", choices=sorted(SCENARIOS) + ["all"])
+    ap.add_argument("--layouts", default=",".join(LAYOUTS), help=f"comma-separated, from: {', '.join(LAYOUTS)}")
+    ap.add_argument("--json", action="store_true", help="print one JSON object per scenario instead of tables")
+    ap.add_argument("--out", help="also write the tables (markdown) here")
+    ap.add_argument("--plot", help="PNG of served tokens per step and budget in use per layout")
+    ap.add_argument("--sweep", action="store_true", help="the slot layouts over budgets and mixes instead")
+    ap.add_argument("--seed", type=int, default=1, help="--sweep: the workload seed")
+    ap.add_argument("--max-steps", type=int, default=3000, help="--sweep: the step limit")
+    args = ap.parse_args()
+    started = time.time()
+    if args.sweep:
+        text = header(started) + "\n\n" + sweep(args.seed, args.max_steps, sys.stderr)
+    else:
+        layouts = args.layouts.split(",")
+        unknown = [name for name in layouts if name not in LAYOUTS]
+        if unknown:
+            raise SystemExit(f"--layouts: unknown {', '.join(unknown)} (choose from {', '.join(LAYOUTS)})")
+        names = sorted(SCENARIOS) if args.scenario == "all" else [args.scenario]
+        results = [run_scenario(name, layouts, sys.stderr) for name in names]
+        if args.json:
+            for result in results:
+                print(json.dumps(result))
+        if args.plot:
+            plot(results, args.plot)
+        text = header(started) + "\n\n" + "\n\n".join(table(r) for r in results)
+    if not args.json:
+        print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-    if args.plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, axes = plt.subplots(1, len(MIXES), figsize=(12, 3.6), sharey=True)
-        for ax, mix in zip(axes, MIXES):
-            for sizing, style in zip(SWA_SIZINGS, ("-", "--")):
-                for layout in LAYOUTS:
-                    pts = [(b, s["tokens_per_step"]) for z, m, b, l, s in rows if (z, m, l) == (sizing, mix, layout)]
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o",
-                            label=f"{layout}, {sizing} SWA sizing")
-            ax.set_title(mix)
-            ax.set_xlabel("budget (MiB)")
-            ax.grid(alpha=0.3)
-        axes[0].set_ylabel("tokens served per step")
-        axes[0].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=110)
 
 
 if __name__ == "__main__":

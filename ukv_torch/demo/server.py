@@ -364,8 +364,9 @@ class Server:
 
     def finish_run(self) -> LayoutResult:
         self.result.stats = self.mgr.stats()
-        self.result.checked_indices = self.checker.checked
-        self.result.decode_graph_replays = self.checker.captured.replays if self.checker.captured else 0
-        self.result.mismatches = self.checker.mismatches
+        if self.checker is not None:
+            self.result.checked_indices = self.checker.checked
+            self.result.decode_graph_replays = self.checker.captured.replays if self.checker.captured else 0
+            self.result.mismatches = self.checker.mismatches
         self.mgr.check_invariants()
         return self.result
