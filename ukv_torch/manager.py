@@ -35,6 +35,13 @@ def _ids(x: IntsLike) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else torch.tensor(list(x), dtype=torch.int64)
 
 
+def _counts(x: Union[int, IntsLike], n: int) -> torch.Tensor:
+    """One count per sequence: an int is every sequence's."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        return torch.full((n,), x, dtype=torch.int64)
+    return _ids(x)
+
+
 def _tokens(x: IntsLike) -> torch.Tensor:
     # int64, which the torch class narrows to int32 checking each value, so an
     # out-of-range token is refused naming the argument instead of failing
@@ -80,12 +87,18 @@ class KvManager:
         return len(self.config.compress_ratios)
 
     # --- admission ---
+    # Refusals of can_allocate / allocate.
+    NOT_NOW = -1     # live sequences hold what it needs (or max_num_seqs are live): retry later
+    NEVER_FITS = -2  # it would not fit with no sequence live: reject the request
+
     def can_allocate(self, tokens: IntsLike) -> int:
-        """Cached prefix length in blocks, or -1 when the request cannot be admitted now."""
+        """The cached prefix in tokens allocate() would give now, or NOT_NOW / NEVER_FITS."""
         return self.torch_object.can_allocate(_tokens(tokens))
 
     def allocate(self, seq_id: int, tokens: IntsLike) -> int:
-        """Admit a request; returns its cached tokens, or -1 (nothing changed) if it does not fit."""
+        """Admit a request: returns its cached prefix in tokens (prefill starts
+        there), or NOT_NOW / NEVER_FITS with nothing changed. ``seq_id`` must be
+        >= 0 and not live; at most max_num_seqs sequences are live at once."""
         return self.torch_object.allocate(seq_id, _tokens(tokens))
 
     # --- prefill ---
@@ -100,12 +113,20 @@ class KvManager:
         self.torch_object.commit_prefill(ids, _ids(counts), samp)
 
     # --- decode ---
-    def can_append(self, seq_ids: IntsLike, num_new_tokens: int = 1) -> int:
-        """Length of the longest prefix of seq_ids that append() can serve (preempt the rest)."""
-        return self.torch_object.can_append(_ids(seq_ids), num_new_tokens)
+    def can_append(self, seq_ids: IntsLike, num_new_tokens: Union[int, IntsLike] = 1) -> int:
+        """Length of the longest prefix of seq_ids that append() can serve (preempt the rest).
 
-    def append(self, seq_ids: IntsLike, num_new_tokens: int = 1) -> None:
-        self.torch_object.append(_ids(seq_ids), num_new_tokens)
+        ``num_new_tokens``: positions each sequence computes this step, 1 + its
+        draft tokens (at most 1 + mtp_k): one int for all, or one per sequence."""
+        ids = _ids(seq_ids)
+        return self.torch_object.can_append(ids, _counts(num_new_tokens, ids.numel()))
+
+    def append(self, seq_ids: IntsLike, num_new_tokens: Union[int, IntsLike] = 1) -> None:
+        """Give each decoding sequence room for its next ``num_new_tokens`` positions
+        (blocks and SWA pages); all or nothing (OutOfSlots names how many fit:
+        call can_append and preempt first). Counts as in can_append."""
+        ids = _ids(seq_ids)
+        self.torch_object.append(ids, _counts(num_new_tokens, ids.numel()))
 
     def commit_decode(self, seq_ids: IntsLike, counts: IntsLike, tokens: IntsLike) -> None:
         """counts[i] positions of sequence i were computed; tokens are their new token ids, concatenated."""

@@ -71,14 +71,16 @@ void KvManagerHolder::commit_prefill(const at::Tensor& seq_ids, const at::Tensor
   });
 }
 
-int64_t KvManagerHolder::can_append(const at::Tensor& seq_ids, int64_t num_new_tokens) {
-  const at::Tensor ids = int64_arg(seq_ids, "seq_ids");
-  return locked([&] { return manager_->can_append(ids.data_ptr<int64_t>(), ids.numel(), num_new_tokens); });
+int64_t KvManagerHolder::can_append(const at::Tensor& seq_ids, const at::Tensor& num_new_tokens) {
+  const at::Tensor ids = int64_arg(seq_ids, "seq_ids"), n = int64_arg(num_new_tokens, "num_new_tokens");
+  require_same_length(ids, "seq_ids", n, "num_new_tokens");
+  return locked([&] { return manager_->can_append(ids.data_ptr<int64_t>(), n.data_ptr<int64_t>(), ids.numel()); });
 }
 
-void KvManagerHolder::append(const at::Tensor& seq_ids, int64_t num_new_tokens) {
-  const at::Tensor ids = int64_arg(seq_ids, "seq_ids");
-  locked([&] { manager_->append(ids.data_ptr<int64_t>(), ids.numel(), num_new_tokens); });
+void KvManagerHolder::append(const at::Tensor& seq_ids, const at::Tensor& num_new_tokens) {
+  const at::Tensor ids = int64_arg(seq_ids, "seq_ids"), n = int64_arg(num_new_tokens, "num_new_tokens");
+  require_same_length(ids, "seq_ids", n, "num_new_tokens");
+  locked([&] { manager_->append(ids.data_ptr<int64_t>(), n.data_ptr<int64_t>(), ids.numel()); });
 }
 
 void KvManagerHolder::commit_decode(const at::Tensor& seq_ids, const at::Tensor& counts, const at::Tensor& tokens) {
@@ -193,6 +195,7 @@ c10::Dict<std::string, int64_t> KvManagerHolder::stats() {
     d.insert("reclaimed_slots", s.reclaimed_slots);
     d.insert("reclaimed_blocks", s.reclaimed_blocks);
     d.insert("compress_evictions", s.compress_evictions);
+    d.insert("whole_chunks", s.whole_chunks);
     if (const RowSpace* r = manager_->row_space()) {
       const RowSpaceCounters& rc = r->counters();
       d.insert("live_envelopes", r->live_units(UnitKind::Envelope));

@@ -29,8 +29,9 @@ class KvManagerHolder : public torch::CustomClassHolder {
   int64_t allocate(int64_t seq_id, const at::Tensor& tokens);
   void ensure_for_tokens(const at::Tensor& seq_ids, const at::Tensor& counts);
   void commit_prefill(const at::Tensor& seq_ids, const at::Tensor& counts, const at::Tensor& sampled);
-  int64_t can_append(const at::Tensor& seq_ids, int64_t num_new_tokens);
-  void append(const at::Tensor& seq_ids, int64_t num_new_tokens);
+  // num_new_tokens: one count per sequence (1 + its draft tokens this step).
+  int64_t can_append(const at::Tensor& seq_ids, const at::Tensor& num_new_tokens);
+  void append(const at::Tensor& seq_ids, const at::Tensor& num_new_tokens);
   void commit_decode(const at::Tensor& seq_ids, const at::Tensor& counts, const at::Tensor& tokens);
   void deallocate(const at::Tensor& seq_ids);
   void clear_cache();

@@ -155,7 +155,7 @@ void KvManager::apply_deallocate(int64_t seq_id) {
   if (swa_)
     for (auto it = s.swa.rbegin(); it != s.swa.rend(); ++it)
       if (*it >= 0) swa_->release(*it);
-  swa_reserved_ -= s.swa_quota;
+  swa_reserved_ -= s.swa_quota + s.extra_pages;
   seqs_.erase(seq_id);
 }
 

@@ -66,6 +66,7 @@ struct KvManagerStats {
   int64_t reclaimed_slots = 0;       // shared slots taken back from cached compress blocks
   int64_t reclaimed_blocks = 0;      // cached logical blocks dropped to do so
   int64_t compress_evictions = 0;    // cached blocks that stood in for never-bound ones (content evicted)
+  int64_t whole_chunks = 0;          // prefill chunks whose every position got an SWA page
 };
 
 class KvManager {
@@ -88,23 +89,33 @@ class KvManager {
 
   // --- admission of a new request (its known tokens: prompt, or prompt +
   // generated tokens when a preempted request resumes) ---
-  // Cached prefix length in blocks, or -1 when the request cannot be admitted now.
+  // A refusal: kNotNow while live sequences hold what it needs (or max_num_seqs
+  // sequences are live), kNeverFits when it would not fit even with none live.
+  static constexpr int64_t kNotNow = -1;
+  static constexpr int64_t kNeverFits = -2;
+  // The cached prefix in tokens allocate() would give, or a refusal.
   int64_t can_allocate(const int32_t* tokens, int64_t n) const;
   // Admits the request: returns its cached tokens (prefill starts there), or
-  // -1 with nothing changed when it cannot be admitted.
+  // a refusal with nothing changed. seq_id must be >= 0 and not live.
   int64_t allocate(int64_t seq_id, const int32_t* tokens, int64_t n);
 
   // --- prefill (batch calls: every entry is validated before any changes) ---
-  // Materialises the SWA blocks each sequence's next chunk of counts[i] tokens writes.
+  // Materialises the SWA pages each sequence's next chunk of counts[i] tokens
+  // writes: its last window always (admission promised those), and, where
+  // the pools have room beyond every promise, the whole chunk, so that every
+  // block of it can serve a later prefix hit whatever the chunking. The
+  // positions that got pages are the ones the model writes (swa_slot_mapping).
   void ensure_for_tokens(const int64_t* seq_ids, const int64_t* counts, int64_t n);
-  // The chunks' KV was computed: publish full blocks, advance, free the window.
-  // sampled[i] >= 0 is the token sampled after a prompt's last chunk, -1 none.
+  // The chunks' KV was computed: publish the blocks a later request can hit,
+  // advance, free the window. counts[i] must be what ensure_for_tokens
+  // provisioned for the chunk (or 0). sampled[i] >= 0 is the token sampled
+  // after a prompt's last chunk, -1 none.
   void commit_prefill(const int64_t* seq_ids, const int64_t* counts, const int32_t* sampled, int64_t n);
 
-  // --- decode (num_new_tokens = 1 + speculative tokens this step) ---
+  // --- decode (num_new_tokens[i] = 1 + the draft tokens of sequence i this step) ---
   // Length of the longest prefix of seq_ids that append() can serve jointly.
-  int64_t can_append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens) const;
-  void append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens);
+  int64_t can_append(const int64_t* seq_ids, const int64_t* num_new_tokens, int64_t n) const;
+  void append(const int64_t* seq_ids, const int64_t* num_new_tokens, int64_t n);
   // The step computed KV for counts[i] positions of sequence i, whose new
   // tokens (accepted drafts and the bonus token) are the next counts[i]
   // entries of tokens.
@@ -162,6 +173,9 @@ class KvManager {
     int64_t swa_freed_upto = 0;      // pages [0, this) are window-freed (-1)
     int64_t swa_quota = 0;
     int64_t swa_held = 0;
+    int64_t extra_pages = 0;         // pages below the chunk's window held beyond the quota (released at commit)
+    int64_t ensured = 0;             // tokens ensure_for_tokens provisioned for the next chunk
+    int64_t write_lo = 0;            // the chunk's SWA is written from this position (ensure_for_tokens)
     int64_t scheduled = 0;           // positions the last append() scheduled, not yet committed
     int64_t stage_row = -1, dirty_lo = 0;  // dirty_lo: the first block column changed since staged
     int64_t staged_moves = 0;        // row space: units moved before the last stage
@@ -206,6 +220,8 @@ class KvManager {
   void reclaim_one_slot();
 
   Admission admission(const int32_t* tokens, int64_t n) const;
+  bool fits_empty_pools(int64_t blocks, int64_t quota) const;
+  int64_t refusal(int64_t n) const;
   FreshBlocks fresh_walk() const { return {{}, 0, 0, logical_.free_list().front()}; }
   void take_longest_free(FreshBlocks& fresh, int64_t add, const std::vector<int64_t>& skip) const;
   bool stand_in_cached(FreshBlocks& fresh, const std::vector<int64_t>& skip) const;
@@ -213,7 +229,7 @@ class KvManager {
   bool settle_fresh(FreshBlocks& fresh, const std::vector<int64_t>& skip, const FitsFn& fits) const;
   bool choose_fresh(int64_t count, const std::vector<int64_t>& skip, const FitsFn& fits, FreshBlocks& fresh) const;
   FreshBlocks choose_row_space_fresh(int64_t count, const std::vector<int64_t>& skip) const;
-  int64_t plan_append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens, FreshBlocks& fresh,
+  int64_t plan_append(const int64_t* seq_ids, const int64_t* num_new_tokens, int64_t n, FreshBlocks& fresh,
                       int64_t& extra_quota) const;
   int64_t bounded_hit(const int32_t* tokens, int64_t hit, const std::vector<uint64_t>& hashes) const;
   // The SWA page id cached for page j of a prefix with these block hashes, -1 if absent.
@@ -242,6 +258,12 @@ class KvManager {
   void check_commit_prefill(int64_t seq_id, int64_t num_tokens, int32_t sampled) const;
   void check_commit_decode(int64_t seq_id, int64_t count) const;
   void apply_ensure(Sequence& s, int64_t num_new_tokens);
+  // The pages below the chunk's window, if the pools can give them now beyond
+  // every promise; true when they were given.
+  bool ensure_whole_chunk(Sequence& s);
+  // Blocks [hashes.size(), this) may be published: the highest block
+  // boundary whose SWA tail the sequence wrote (a hit can end there).
+  int64_t hittable_blocks(const Sequence& s) const;
   void apply_commit_prefill(Sequence& s, int64_t num_tokens, int32_t sampled);
   void apply_commit_decode(Sequence& s, const int32_t* tokens, int64_t count);
   void apply_deallocate(int64_t seq_id);

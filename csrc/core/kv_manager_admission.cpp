@@ -299,6 +299,8 @@ KvManager::Admission KvManager::admission(const int32_t* tokens, int64_t n) cons
   require(nb <= serve_.max_blocks_per_seq, "a request of ", n, " tokens needs ", nb, " blocks, more than max_blocks_per_seq ",
           serve_.max_blocks_per_seq);
   Admission a;
+  // max_num_seqs bounds the live sequences: a batch of them must fit the staged tables.
+  if (num_sequences() >= serve_.max_num_seqs) return a;
   if (serve_.enable_prefix_caching) {
     // The last block is never a hit: prefill must forward at least one block.
     const int64_t candidates = std::min(nb - 1, n / serve_.block_size);
@@ -335,17 +337,39 @@ KvManager::Admission KvManager::admission(const int32_t* tokens, int64_t n) cons
   return a;
 }
 
+// Whether the request would fit with no sequence live: everything it needs
+// (its blocks, and its SWA quota with the checkpoint reserve) within what the
+// pools hold in all. Asked only of a refused request.
+bool KvManager::fits_empty_pools(int64_t blocks, int64_t quota) const {
+  if (blocks > pools_.num_logical_blocks) return false;
+  const int64_t pages = quota + checkpoint_reserve();
+  if (rows_)
+    return blocks * pools_.envelope_rows + pages * pools_.swa_unit_rows <= pools_.total_rows;
+  if (!coord_) return !swa_ || pages <= pools_.num_swa_blocks;
+  std::vector<CompressTypeSpec> types;
+  for (int64_t t = 0; t < num_types(); ++t)
+    types.push_back({ks_[static_cast<size_t>(t)], pools_.type_slots[static_cast<size_t>(t)]});
+  const Coordinator empty(pools_.num_swa_blocks, types, serve_.block_size, coord_->borrow_unreleased_swa());
+  return empty.can_allocate_jointly(pages, std::vector<int64_t>(static_cast<size_t>(num_types()), blocks));
+}
+
+int64_t KvManager::refusal(int64_t n) const {
+  const int64_t blocks = blocks_for(n);
+  return fits_empty_pools(blocks, swa_ ? quota_for(blocks, false) : 0) ? kNotNow : kNeverFits;
+}
+
 int64_t KvManager::can_allocate(const int32_t* tokens, int64_t n) const {
   const Admission a = admission(tokens, n);
-  return a.ok ? a.cached_blocks : -1;
+  return a.ok ? a.cached_blocks * serve_.block_size : refusal(n);
 }
 
 int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n) {
+  require(seq_id >= 0, "sequence ids must be >= 0 (-1 is the padding sentinel of the index ops), got ", seq_id);
   require(!has_sequence(seq_id), "sequence id ", seq_id, " is already allocated");
   const Admission a = admission(tokens, n);
   if (!a.ok) {
     ++stats_.admission_refusals;
-    return -1;
+    return refusal(n);
   }
   Sequence s;
   const int64_t bs = serve_.block_size, hits = a.cached_blocks;

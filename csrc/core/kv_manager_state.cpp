@@ -41,10 +41,10 @@ void KvManager::check_invariants() const {
                           " below the freed window");
     }
     require<StateError>(held == s.swa_held, "sequence ", id, ": SWA held counter");
-    require<StateError>(held <= s.swa_quota, "sequence ", id, " holds ", held, " SWA blocks, over its quota ",
-                        s.swa_quota);
+    require<StateError>(held <= s.swa_quota + s.extra_pages, "sequence ", id, " holds ", held,
+                        " SWA pages, over its quota ", s.swa_quota, " and ", s.extra_pages, " pages below the chunk's window");
     require<StateError>(s.hashes.size() <= len, "sequence ", id, ": more hashes than blocks");
-    quotas += s.swa_quota;
+    quotas += s.swa_quota + s.extra_pages;
   }
   for (int64_t b = 0; b < pools_.num_logical_blocks; ++b)
     require<StateError>(logical_refs[static_cast<size_t>(b)] == logical_.ref(b), "logical block ", b, " ref ",
@@ -108,7 +108,9 @@ void KvManager::check_row_space_invariants() const {
 void KvManager::write_sequence(StateWriter& w, int64_t id, const Sequence& s) const {
   w.put(id);
   w.put_vec(s.tokens);
-  for (int64_t v : {s.num_prompt, s.num_computed, s.swa_written_lo, s.swa_freed_upto, s.swa_quota, s.scheduled}) w.put(v);
+  for (int64_t v : {s.num_prompt, s.num_computed, s.swa_written_lo, s.swa_freed_upto, s.swa_quota, s.scheduled,
+                    s.extra_pages, s.ensured, s.write_lo})
+    w.put(v);
   w.put_vec(s.logical);
   for (int32_t b : s.swa) w.put(b);
   w.put_vec(s.hashes);
@@ -142,7 +144,7 @@ std::vector<int64_t> KvManager::to_state() const {
       w.put(v);
   for (int64_t v : {stats_.admissions, stats_.admission_refusals, stats_.appends, stats_.append_refusals,
                     stats_.prefix_query_blocks, stats_.compressed_hit_blocks, stats_.prefix_hit_blocks,
-                    stats_.reclaimed_slots, stats_.reclaimed_blocks, stats_.compress_evictions})
+                    stats_.reclaimed_slots, stats_.reclaimed_blocks, stats_.compress_evictions, stats_.whole_chunks})
     w.put(v);
   return st;
 }
@@ -158,6 +160,9 @@ void KvManager::read_sequence(StateReader& r) {
   s.swa_freed_upto = r.next();
   s.swa_quota = r.next();
   s.scheduled = r.in_range(0, 1 + serve_.mtp_k, "scheduled count");
+  s.extra_pages = r.in_range(0, pools_.num_swa_blocks, "extra page count");
+  s.ensured = r.in_range(0, static_cast<int64_t>(s.tokens.size()), "ensured count");
+  s.write_lo = r.in_range(0, static_cast<int64_t>(s.tokens.size()), "write start");
   for (int64_t b : r.vec<int64_t>(serve_.max_blocks_per_seq, "block")) {
     r.check(b >= 0 && b < pools_.num_logical_blocks, "bad logical block ", b);
     s.logical.push_back(static_cast<int32_t>(b));
@@ -168,7 +173,7 @@ void KvManager::read_sequence(StateReader& r) {
     s.swa_held += w >= 0;
   }
   s.hashes = r.vec<uint64_t>(static_cast<int64_t>(s.logical.size()), "hash");
-  swa_reserved_ += s.swa_quota;
+  swa_reserved_ += s.swa_quota + s.extra_pages;
   seqs_.emplace(id, std::move(s));
 }
 
@@ -214,7 +219,7 @@ std::unique_ptr<KvManager> KvManager::from_state(const std::vector<int64_t>& st)
   auto& sx = m->stats_;
   for (int64_t* f : {&sx.admissions, &sx.admission_refusals, &sx.appends, &sx.append_refusals, &sx.prefix_query_blocks,
                      &sx.compressed_hit_blocks, &sx.prefix_hit_blocks, &sx.reclaimed_slots, &sx.reclaimed_blocks,
-                     &sx.compress_evictions})
+                     &sx.compress_evictions, &sx.whole_chunks})
     *f = r.next();
   r.finish();
   if (m->coord_) {  // derived maps: reverse bindings and live counts per shared slot

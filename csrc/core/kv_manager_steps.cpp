@@ -37,10 +37,30 @@ int64_t KvManager::missing_swa_pages(const Sequence& s, int64_t num_new_tokens) 
 }
 
 void KvManager::apply_ensure(Sequence& s, int64_t num_new_tokens) {
+  s.ensured = num_new_tokens;
+  s.write_lo = s.num_computed;
   if (num_new_tokens == 0 || !swa_) return;
   const auto [first, last] = chunk_pages(s, num_new_tokens);
   for (int64_t j = first; j <= last; ++j)
     if (s.swa[static_cast<size_t>(j)] < 0) alloc_page(s, j);
+  s.write_lo = std::max(s.num_computed, first * page_);
+}
+
+bool KvManager::ensure_whole_chunk(Sequence& s) {
+  if (s.write_lo == s.num_computed) return false;  // the window covers the chunk
+  const int64_t first = page_of(s.num_computed), last = page_of(s.write_lo);  // pages [first, last)
+  int64_t missing = 0;
+  for (int64_t j = first; j < last; ++j) missing += s.swa[static_cast<size_t>(j)] < 0;
+  // Counted as reserved while held, so every promise stays kept; in the row
+  // space only from rows no unit holds (nothing is evicted or moved for it).
+  if (!capacity_ok(missing, 0)) return false;
+  if (rows_ && rows_->unheld_rows() < missing * pools_.swa_unit_rows) return false;
+  for (int64_t j = first; j < last; ++j)
+    if (s.swa[static_cast<size_t>(j)] < 0) alloc_page(s, j);
+  s.extra_pages += missing;
+  swa_reserved_ += missing;
+  s.write_lo = s.num_computed;
+  return true;
 }
 
 void KvManager::ensure_for_tokens(const int64_t* seq_ids, const int64_t* counts, int64_t n) {
@@ -53,6 +73,8 @@ void KvManager::ensure_for_tokens(const int64_t* seq_ids, const int64_t* counts,
   // Admission reserved these pages; running out here would be a broken promise.
   require<OutOfSlots>(missing <= free_swa_slots(), "No free SWA slots available");
   for (int64_t i = 0; i < n; ++i) apply_ensure(seq(seq_ids[i]), counts[i]);
+  for (int64_t i = 0; i < n; ++i)
+    if (ensure_whole_chunk(seq(seq_ids[i]))) ++stats_.whole_chunks;
 }
 
 bool KvManager::is_checkpoint(const Sequence& s, int64_t block) const {
@@ -65,11 +87,20 @@ bool KvManager::is_checkpoint(const Sequence& s, int64_t block) const {
   return block % rb >= rb - need || (block >= prompt_blocks - need && block < prompt_blocks);
 }
 
+int64_t KvManager::hittable_blocks(const Sequence& s) const {
+  const int64_t full = s.num_computed / serve_.block_size;
+  if (!swa_) return full;
+  // A hit ending at the boundary needs its SWA tail (bounded_hit): the pages
+  // before it, all of them when the boundary is closer to the start.
+  const int64_t tail_from = std::max<int64_t>(0, full * serve_.block_size - tail_pages_ * page_);
+  return tail_from >= s.swa_written_lo ? full : static_cast<int64_t>(s.hashes.size());
+}
+
 void KvManager::publish_full_blocks(Sequence& s) {
   if (!serve_.enable_prefix_caching) return;
   const int64_t bs = serve_.block_size;
   const bool sparse = swa_ && swa_->checkpoint_capacity() > 0;
-  for (auto i = static_cast<int64_t>(s.hashes.size()); i < s.num_computed / bs; ++i) {
+  for (auto i = static_cast<int64_t>(s.hashes.size()); i < hittable_blocks(s); ++i) {
     const int32_t* toks = s.tokens.data() + i * bs;
     const bool has_parent = i > 0;
     const uint64_t parent = has_parent ? s.hashes.back() : 0;
@@ -111,18 +142,24 @@ void KvManager::check_commit_prefill(int64_t seq_id, int64_t num_tokens, int32_t
   require(sampled >= -1, "commit_prefill: sampled must be a token id >= 0 or -1 (none), got ", sampled);
   require(sampled < 0 || num_tokens == known - s.num_computed,
           "commit_prefill: a sampled token can only follow the prompt's last chunk (sequence ", seq_id, ")");
+  // Committing what was not provisioned would leave KV with no SWA row: refused.
+  require(num_tokens == 0 || num_tokens == s.ensured, "commit_prefill: sequence ", seq_id, " commits ", num_tokens,
+          " tokens but ensure_for_tokens provisioned ", s.ensured,
+          " for this chunk; call ensure_for_tokens with exactly the chunk before computing it");
 }
 
 void KvManager::apply_commit_prefill(Sequence& s, int64_t num_tokens, int32_t sampled) {
   const int64_t start = s.num_computed, end = start + num_tokens;
-  if (swa_ && num_tokens > 0) {
-    // The model writes whole chunks (full retain) or the chunk's last window.
-    const int64_t written_from = serve_.full_retain ? start : std::max(start, end - serve_.window);
-    if (written_from > start) s.swa_written_lo = written_from;
-  }
+  // The model wrote the positions ensure_for_tokens gave pages: from write_lo.
+  if (swa_ && num_tokens > 0 && s.write_lo > start) s.swa_written_lo = s.write_lo;
   s.num_computed = end;
   publish_full_blocks(s);
   free_out_of_window(s, end);  // the computed length, never the scheduled one (H-j)
+  if (num_tokens > 0) {  // the pages below the window went with it
+    swa_reserved_ -= s.extra_pages;
+    s.extra_pages = 0;
+    s.ensured = 0;
+  }
   if (sampled < 0 || !swa_) {
     if (sampled >= 0) s.tokens.push_back(sampled);
     return;
@@ -144,15 +181,16 @@ void KvManager::commit_prefill(const int64_t* seq_ids, const int64_t* counts, co
 
 // How many of seq_ids (a prefix) one append() can serve jointly, with the
 // free blocks it takes for them (batch order) and the SWA quota it adds.
-int64_t KvManager::plan_append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens, FreshBlocks& fresh,
+int64_t KvManager::plan_append(const int64_t* seq_ids, const int64_t* num_new_tokens, int64_t n, FreshBlocks& fresh,
                                int64_t& extra_quota) const {
-  require(num_new_tokens >= 1 && num_new_tokens <= 1 + serve_.mtp_k, "num_new_tokens must be in [1, 1 + mtp_k = ",
-          1 + serve_.mtp_k, "], got ", num_new_tokens);
   require_distinct_known(seq_ids, n, "can_append");
   for (int64_t i = 0; i < n; ++i) {  // every entry is validated before any answer
+    require(num_new_tokens[i] >= 1 && num_new_tokens[i] <= 1 + serve_.mtp_k,
+            "num_new_tokens must be in [1, 1 + mtp_k = ", 1 + serve_.mtp_k, "], got ", num_new_tokens[i],
+            " for sequence ", seq_ids[i]);
     const Sequence& s = seq(seq_ids[i]);
     require(is_decoding(s), "sequence ", seq_ids[i], " is not decoding (its prompt is not computed and sampled)");
-    const int64_t need = blocks_for(s.num_computed + num_new_tokens);
+    const int64_t need = blocks_for(s.num_computed + num_new_tokens[i]);
     require(need <= serve_.max_blocks_per_seq, "sequence ", seq_ids[i], " would need ", need,
             " blocks, more than max_blocks_per_seq ", serve_.max_blocks_per_seq);
   }
@@ -164,7 +202,7 @@ int64_t KvManager::plan_append(const int64_t* seq_ids, int64_t n, int64_t num_ne
   // afresh (that happens only with the compress pools full).
   for (int64_t i = 0; i < n; ++i) {
     const Sequence& s = seq(seq_ids[i]);
-    const int64_t need = blocks_for(s.num_computed + num_new_tokens);
+    const int64_t need = blocks_for(s.num_computed + num_new_tokens[i]);
     const int64_t add = std::max<int64_t>(0, need - static_cast<int64_t>(s.logical.size()));
     const int64_t dq = swa_ ? quota_for(need, true) - s.swa_quota : 0;
     if (add == 0 && dq <= 0) continue;
@@ -183,16 +221,16 @@ int64_t KvManager::plan_append(const int64_t* seq_ids, int64_t n, int64_t num_ne
   return n;
 }
 
-int64_t KvManager::can_append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens) const {
+int64_t KvManager::can_append(const int64_t* seq_ids, const int64_t* num_new_tokens, int64_t n) const {
   FreshBlocks fresh;
   int64_t extra_quota = 0;
-  return plan_append(seq_ids, n, num_new_tokens, fresh, extra_quota);
+  return plan_append(seq_ids, num_new_tokens, n, fresh, extra_quota);
 }
 
-void KvManager::append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens) {
+void KvManager::append(const int64_t* seq_ids, const int64_t* num_new_tokens, int64_t n) {
   FreshBlocks fresh;
   int64_t extra_quota = 0;
-  const int64_t ok = plan_append(seq_ids, n, num_new_tokens, fresh, extra_quota);
+  const int64_t ok = plan_append(seq_ids, num_new_tokens, n, fresh, extra_quota);
   if (ok < n) {
     ++stats_.append_refusals;
     throw OutOfSlots(detail::concat("No free KV slots available: only ", ok, " of ", n,
@@ -207,17 +245,17 @@ void KvManager::append(const int64_t* seq_ids, int64_t n, int64_t num_new_tokens
   auto next = popped.begin();
   for (int64_t i = 0; i < n; ++i) {
     Sequence& s = seq(seq_ids[i]);
-    const int64_t need = blocks_for(s.num_computed + num_new_tokens);
+    const int64_t need = blocks_for(s.num_computed + num_new_tokens[i]);
     if (swa_) {
       const int64_t quota = std::max(s.swa_quota, quota_for(need, true));
       swa_reserved_ += quota - s.swa_quota;
       s.swa_quota = quota;
     }
     while (static_cast<int64_t>(s.logical.size()) < need) push_block(s, *next++);
-    for (int64_t j = page_of(s.num_computed); swa_ && j <= page_of(s.num_computed + num_new_tokens - 1); ++j)
+    for (int64_t j = page_of(s.num_computed); swa_ && j <= page_of(s.num_computed + num_new_tokens[i] - 1); ++j)
       if (s.swa[static_cast<size_t>(j)] < 0) alloc_page(s, j);
     free_out_of_window(s, s.num_computed + 1);
-    s.scheduled = num_new_tokens;
+    s.scheduled = num_new_tokens[i];
   }
   ++stats_.appends;
 }

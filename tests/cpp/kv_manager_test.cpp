@@ -47,7 +47,8 @@ void prefill(KvManager& m, int64_t id, int64_t cached, const std::vector<int32_t
 }
 
 void decode_step(KvManager& m, int64_t id) {
-  m.append(&id, 1, 1);
+  const int64_t one_token = 1;
+  m.append(&id, &one_token, 1);
   const int64_t one = 1;
   const int32_t tok = 9;
   m.commit_decode(&id, &one, &tok, 1);
@@ -71,7 +72,8 @@ TEST_P(BothLayouts, AllocatePrefillDecodeFree) {
   m.check_invariants();
   for (int step = 0; step < 200; ++step) {
     const int64_t id = 1;
-    ASSERT_EQ(m.can_append(&id, 1, 1), 1);
+    const int64_t one_token = 1;
+    ASSERT_EQ(m.can_append(&id, &one_token, 1), 1);
     decode_step(m, 1);
     m.check_invariants();
   }
@@ -95,7 +97,7 @@ TEST_P(BothLayouts, PrefixHitReusesBlocksAndTheirRows) {
   const int64_t first = 1;
   m.deallocate(&first, 1);
   // The last block is never a hit; blocks 0..2 are, gated by the SWA window tail.
-  EXPECT_EQ(m.can_allocate(t.data(), 512), 3);
+  EXPECT_EQ(m.can_allocate(t.data(), 512), 3 * kBs);
   EXPECT_EQ(m.allocate(2, t.data(), 512), 3 * kBs);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(m.logical_table(2)[static_cast<size_t>(i)], logical[static_cast<size_t>(i)]);
@@ -106,29 +108,55 @@ TEST_P(BothLayouts, PrefixHitReusesBlocksAndTheirRows) {
   m.check_invariants();
 }
 
-TEST_P(BothLayouts, OneChunkPrefillOnlyWritesTheWindow) {
+// The fewest SWA blocks that admit a request of n tokens: its promise and
+// nothing beyond it, so no page outside the window can be lent to its chunk.
+Config tightest_swa_pool(bool unified, const std::vector<int32_t>& t) {
+  Config c = small_config(unified);
+  for (c.pools.num_swa_blocks = 1;; ++c.pools.num_swa_blocks) {
+    KvManager probe(c.serve, c.pools);
+    if (probe.can_allocate(t.data(), static_cast<int64_t>(t.size())) >= 0) return c;
+  }
+}
+
+TEST_P(BothLayouts, OneChunkPrefillWritesTheWholeChunkWhenThereIsRoom) {
   const Config c = small_config(GetParam());
   KvManager m(c.serve, c.pools);
   const auto t = tokens(512, 2);
   m.allocate(1, t.data(), 512);
+  prefill(m, 1, 0, t);  // pages beyond every promise: the whole chunk gets SWA rows
+  EXPECT_EQ(m.stats().whole_chunks, 1);
+  const int64_t first = 1;
+  m.deallocate(&first, 1);
+  EXPECT_EQ(m.can_allocate(t.data(), 512), 3 * kBs);  // every block but the last is a hit
+  m.check_invariants();
+}
+
+TEST_P(BothLayouts, OneChunkPrefillWithoutRoomOnlyWritesTheWindow) {
+  const auto t = tokens(512, 2);
+  const Config c = tightest_swa_pool(GetParam(), t);
+  KvManager m(c.serve, c.pools);
+  ASSERT_EQ(m.allocate(1, t.data(), 512), 0);
   prefill(m, 1, 0, t);  // window-only: SWA block 2 was never written
+  EXPECT_EQ(m.stats().whole_chunks, 0);
   const int64_t first = 1;
   m.deallocate(&first, 1);
   EXPECT_EQ(m.can_allocate(t.data(), 512), 0);  // the trailing-window gate refuses the stale window (H-o)
 }
 
-TEST_P(BothLayouts, PartlyWrittenSwaBlocksAreNotPublished) {  // H7
-  const Config c = small_config(GetParam());
-  KvManager m(c.serve, c.pools);
+// The model writes every position of the pages a chunk holds
+// (swa_slot_mapping), so the window's first block, which it reaches into, is
+// written whole and serves a hit. (Partly written pages, H7, arise with pages
+// smaller than the window: the row-space tests cover them.)
+TEST_P(BothLayouts, PagesTheWindowReachesIntoAreWrittenWhole) {
   const auto t = tokens(300, 3);
-  m.allocate(1, t.data(), 300);
-  prefill(m, 1, 0, t);  // SWA block 1 holds positions 172..255 only
+  const Config c = tightest_swa_pool(GetParam(), t);
+  KvManager m(c.serve, c.pools);
+  ASSERT_EQ(m.allocate(1, t.data(), 300), 0);
+  prefill(m, 1, 0, t);  // the window [172, 300) lies in blocks 1 and 2: both written from 128
+  EXPECT_EQ(m.stats().whole_chunks, 0);
   const int64_t first = 1;
   m.deallocate(&first, 1);
-  std::vector<int32_t> longer = t;
-  longer.resize(600, 5);
-  // Compress blocks 0 and 1 hit, but SWA block 1 was partly written: the gate stops the hit.
-  EXPECT_EQ(m.can_allocate(longer.data(), 600), 0);
+  EXPECT_EQ(m.can_allocate(t.data(), 300), 2 * kBs);
 }
 
 TEST_P(BothLayouts, ErrorsLeaveStateUnchanged) {
@@ -146,7 +174,8 @@ TEST_P(BothLayouts, ErrorsLeaveStateUnchanged) {
   EXPECT_THROW(m.ensure_for_tokens(pair, counts, 2), InvalidArgument);  // second unknown: first untouched
   EXPECT_THROW(m.commit_prefill(&id, &too_many, &none, 1), InvalidArgument);
   EXPECT_THROW(m.commit_prefill(&id, &ok, &sampled, 1), InvalidArgument);  // sampled before the prompt end
-  EXPECT_THROW(m.can_append(&id, 1, 1), InvalidArgument);  // still in prefill
+  const int64_t one_token = 1;
+  EXPECT_THROW(m.can_append(&id, &one_token, 1), InvalidArgument);  // still in prefill
   EXPECT_THROW(m.commit_decode(&id, &one, t.data(), 1), InvalidArgument);
   const int64_t twice[2] = {1, 1};
   EXPECT_THROW(m.deallocate(twice, 2), InvalidArgument);
@@ -224,7 +253,8 @@ TEST(KvManager, ElasticAdmissionBorrowsSwaSlotsSwaNeverUsed) {
     c.serve.layout = lend ? KvLayout::Elastic : KvLayout::Upstream;
     KvManager m(c.serve, c.pools);
     const auto t = tokens(40 * kBs, 1);
-    EXPECT_EQ(m.allocate(1, t.data(), 40 * kBs), lend ? 0 : -1);
+    // Without lending CSA owns one slot (4 blocks): the prompt never fits.
+    EXPECT_EQ(m.allocate(1, t.data(), 40 * kBs), lend ? 0 : KvManager::kNeverFits);
     if (!lend) continue;
     // 40 CSA blocks: 4 in the own slot, 36 in 9 lent SWA slots; the prompt's
     // SWA quota (4) stays free for it.

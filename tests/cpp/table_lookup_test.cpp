@@ -71,13 +71,13 @@ TEST(TableLookup, TopkVectorRowsNeedAlignedGroupsAndEveryTileLaneBelow2To31) {
   EXPECT_TRUE(topk_rows_vectorizable(topk_of(kAligned, 1, 1024, int64_t{1} << 40), kTile));  // one row: no stride
 }
 
-// base + table[seq][clamp(e) / k] * k + clamp(e) % k in 64-bit arithmetic, wrapped to int32 like the output.
+// base + table[seq][clamp(e) / k] * stride + clamp(e) % k in 64-bit arithmetic, wrapped to int32 like the output.
 int32_t compress_row_reference(const std::vector<int32_t>& cells, int32_t cols, int64_t row_stride, int32_t seq,
-                               int64_t entry, int32_t k, int32_t base) {
+                               int64_t entry, int32_t k, int32_t block_stride, int32_t base) {
   const int64_t last = int64_t{cols} * k - 1;
   const int64_t e = entry < 0 ? 0 : (entry > last ? last : entry);
   const int64_t id = cells[static_cast<size_t>(seq * row_stride + e / k)];
-  return static_cast<int32_t>(static_cast<uint32_t>(base + id * k + e % k));
+  return static_cast<int32_t>(static_cast<uint32_t>(base + id * block_stride + e % k));
 }
 
 TEST(TableLookup, CompactAndGeneralLookupsMatchTheFormula) {
@@ -96,13 +96,18 @@ TEST(TableLookup, CompactAndGeneralLookupsMatchTheFormula) {
                                     std::numeric_limits<int32_t>::max()};
     std::uniform_int_distribution<int32_t> any(-2 * last, 2 * last);
     for (int i = 0; i < 500; ++i) entries.push_back(any(rng));
-    for (int32_t base : {0, 7 * 128, std::numeric_limits<int32_t>::max()}) {
-      for (int32_t seq = 0; seq < rows; ++seq) {
-        const TableRow row = table_row(table, seq);
-        for (int32_t e : entries) {
-          const int32_t expected = compress_row_reference(cells, cols, row_stride, seq, e, k, base);
-          ASSERT_EQ(compress_row<true>(row, e, divisor, base), expected) << "k=" << k << " seq=" << seq << " e=" << e;
-          ASSERT_EQ(compress_row<false>(row, e, divisor, base), expected) << "k=" << k << " seq=" << seq << " e=" << e;
+    // The slot layouts' stride is k; the row space's is the envelope (here 1056 rows).
+    for (int32_t stride : {k, 1056}) {
+      for (int32_t base : {0, 7 * 128, std::numeric_limits<int32_t>::max()}) {
+        for (int32_t seq = 0; seq < rows; ++seq) {
+          const TableRow row = table_row(table, seq);
+          for (int32_t e : entries) {
+            const int32_t expected = compress_row_reference(cells, cols, row_stride, seq, e, k, stride, base);
+            ASSERT_EQ(compress_row<true>(row, e, divisor, stride, base), expected)
+                << "k=" << k << " stride=" << stride << " seq=" << seq << " e=" << e;
+            ASSERT_EQ(compress_row<false>(row, e, divisor, stride, base), expected)
+                << "k=" << k << " stride=" << stride << " seq=" << seq << " e=" << e;
+          }
         }
       }
     }

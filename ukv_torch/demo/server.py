@@ -125,8 +125,9 @@ class LayoutResult:
 
 
 def corrupt_entry(tables: torch.Tensor, swa_table: int):
-    """Point row 0's last used SWA table entry elsewhere; returns its index."""
-    used = tables[0, swa_table].nonzero()
+    """Point row 0's last SWA table entry above 0 (past it: padding zeros, or
+    -1 for pages not held) at the next unit; returns its index."""
+    used = (tables[0, swa_table] > 0).nonzero()
     index = (0, swa_table, int(used[-1]) if len(used) else 0)
     tables[index] += 1
     return index
