@@ -327,11 +327,14 @@ KvManager::Admission KvManager::admission(const int32_t* tokens, int64_t n) cons
   a.quota = swa_ ? quota_for(nb, false) : 0;
   // The free hits and the fresh blocks go live together; only fresh blocks
   // without a retained binding need new compress blocks.
+  // In the row space a cached envelope holds no live rows: the free hits
+  // going live are demand too.
+  const int64_t hit_demand = rows_ ? static_cast<int64_t>(free_hits.size()) : 0;
   std::vector<int64_t> going_live;
   const auto fits = [&](const FreshBlocks& fresh) {
     going_live = free_hits;
     going_live.insert(going_live.end(), fresh.ids.begin(), fresh.ids.end());
-    return capacity_ok_with_reclaim(a.quota, fresh.demand, going_live);
+    return capacity_ok_with_reclaim(a.quota, fresh.demand + hit_demand, going_live);
   };
   a.ok = choose_fresh(nb - a.cached_blocks, free_hits, fits, a.fresh);
   return a;
