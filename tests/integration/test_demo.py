@@ -1,5 +1,6 @@
 """The demo's integrity check on a tiny configuration, and proof that it can fail."""
 import json
+import re
 import subprocess
 import sys
 
@@ -50,6 +51,28 @@ def test_a_corrupted_table_entry_fails_the_run(layout):
     proc = run_demo("--layouts", layout, "--inject-fault", "40")
     assert proc.returncode == 1
     assert "INTEGRITY MISMATCH" in proc.stderr
+    assert ": FAIL" in proc.stdout.split("| layout |")[0]
+
+
+def test_the_text_report_leads_with_the_outcome():
+    proc = run_demo("--layouts", "static,row_space")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    head = proc.stdout.split("| layout |")[0]  # before the table
+    ratio = re.search(r"against the static split in the same 64 MiB: row space (\d+\.\d\d)x", head)
+    verdict = re.search(r"^0 index mismatches in ([\d,]+) checked: PASS$", head, re.M)
+    assert ratio and verdict, head
+    rows = {line.split("|")[1].strip(): line.split("|") for line in proc.stdout.splitlines()
+            if line.startswith("| static split") or line.startswith("| row space")}
+    served = [float(rows[name][5]) for name in ("static split", "row space")]  # the served tok/step column
+    assert float(ratio.group(1)) == pytest.approx(served[1] / served[0], abs=0.006)
+    assert int(verdict.group(1).replace(",", "")) > 100_000
+
+
+def test_help_shows_defaults_layouts_and_the_workload_format():
+    proc = subprocess.run([sys.executable, "-m", "ukv_torch.demo", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0
+    assert "(default: 64.0)" in proc.stdout and "row_space" in proc.stdout
+    assert '"turns"' in proc.stdout and "system_prompts" in proc.stdout
 
 
 @pytest.mark.gpu

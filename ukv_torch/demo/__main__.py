@@ -1,5 +1,6 @@
-"""python -m ukv_torch.demo: serve one workload under three KV layouts and
-check the integrity of every index along the way. Exits 1 on any mismatch."""
+"""python -m ukv_torch.demo: serve one workload under each KV layout, check
+the integrity of every index along the way, and tell the served tokens per
+step of each against the first. Exits 1 on any mismatch."""
 from __future__ import annotations
 
 import argparse
@@ -40,27 +41,39 @@ def plan_layout(budget, ratios, layout, *, max_num_seqs, max_num_batched_tokens,
     return plan_kv_layout(budget, ratios, config)
 
 
+WORKLOAD_FORMAT = """--workload: one JSON object per line. An optional first line
+{"system_prompts": [len, ...]} gives shared system prompts (random tokens of
+these lengths); every other line is a conversation {"turns": [[user_tokens,
+output_tokens], ...], "arrival": step, "system": index or -1, "think_steps":
+steps between turns (default 4)}."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in every option's help; the epilog's line breaks kept."""
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m ukv_torch.demo", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m ukv_torch.demo", description=__doc__, epilog=WORKLOAD_FORMAT,
+                                formatter_class=HelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--preset", default="demo", choices=sorted(PRESETS),
                    help="layer mix: demo = 1 dense + 2 CSA + 2 HCA layers; v4-flash / v4-pro = the full models")
     p.add_argument("--budget-mib", type=float, default=64.0, help="KV byte budget, at V4 fp8 sizes")
     p.add_argument("--steps", type=int, default=1500, help="step limit per layout")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="workload and index-check seed")
     p.add_argument("--conversations", type=int, default=48, help="synthetic workload size")
-    p.add_argument("--workload", help="JSONL file of conversations instead of the synthetic mix")
+    p.add_argument("--workload", help="JSONL file of conversations instead of the synthetic mix (format below)")
     p.add_argument("--layouts", default="static,upstream,elastic,row_space",
                    help=f"comma-separated, from: {', '.join(LAYOUTS)}")
     p.add_argument("--swa-page-tokens", type=int, default=SWA_PAGE_TOKENS,
                    help="tokens per SWA page of the row_space layout (a divisor of the block size and a multiple "
                         "of every compress type's rows per block)")
-    p.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS)
-    p.add_argument("--max-num-batched-tokens", type=int, default=MAX_NUM_BATCHED_TOKENS)
+    p.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS, help="sequences live at once")
+    p.add_argument("--max-num-batched-tokens", type=int, default=MAX_NUM_BATCHED_TOKENS, help="tokens per step")
     p.add_argument("--swa-sizing", default="upstream", choices=SWA_SIZINGS,
                    help="SWA pool = max_num_seqs windows + a prefill-chunk term: upstream's fixed 64 blocks, "
                         "or the blocks --max-num-batched-tokens spans")
-    p.add_argument("--index-topk", type=int, default=1024)
+    p.add_argument("--index-topk", type=int, default=1024, help="CSA top-k cells each query's indices cover")
     p.add_argument("--plot", default="ukv_demo_occupancy.png", help="PNG path ('' for none)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--eager", action="store_true",
@@ -103,7 +116,9 @@ def run(args) -> int:
         print(f"\nukv_torch demo: {args.preset} layers {ratios}, budget {args.budget_mib:g} MiB, "
               f"{args.swa_sizing} SWA sizing, {workload.total_turns()} turns, device {args.device}, "
               f"{time.time() - started:.0f} s\n")
+        print(report.outcome(summaries, args.budget_mib) + "\n")
         print(report.table(summaries))
+        print("\n" + report.LEGEND)
     if args.plot and report.plot(results, args.plot) and not args.json:
         print(f"\noccupancy plot: {args.plot}")
     bad = [m for r in results for m in r.mismatches]

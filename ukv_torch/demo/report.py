@@ -39,6 +39,28 @@ class Progress:
             sys.stderr.write("\n")
 
 
+# What the less obvious columns count.
+LEGEND = """served tok/step: prompt and generated tokens finished per step (the capacity figure);
+computed tok/step: tokens the model ran (a prefix hit is served without being computed);
+hit rate: prompt blocks found in the prefix cache / prompt blocks looked up at admission
+(a repeat of a prompt whose cached blocks were all evicted or never complete finds none);
+util @1st refusal: rows in use / all rows when admission first said no ('-': it never did);
+refusals: admissions that had to wait; preempt: running requests stopped to make room."""
+
+
+def outcome(rows: List[Dict[str, object]], budget_mib: float) -> str:
+    """The result in two lines: each layout's served tokens per step against the
+    first one's (the static split when it ran), and the integrity verdict."""
+    base = rows[0]
+    others = [f"{r['layout']} {r['tokens_per_step'] / max(base['tokens_per_step'], 1e-9):.2f}x" for r in rows[1:]]
+    mismatches = sum(int(r["mismatches"]) for r in rows)
+    checked = sum(int(r["checked_indices"]) for r in rows)
+    verdict = "PASS" if mismatches == 0 else "FAIL"
+    head = (f"served tokens per step against the {base['layout']} in the same {budget_mib:g} MiB: "
+            + (", ".join(others) if others else "one layout, nothing to compare"))
+    return f"{head}\n{mismatches} index mismatches in {checked:,} checked: {verdict}"
+
+
 def table(rows: List[Dict[str, object]]) -> str:
     head = "| " + " | ".join(title for _, title in COLUMNS) + " |"
     sep = "|" + "|".join("---" for _ in COLUMNS) + "|"
