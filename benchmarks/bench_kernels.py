@@ -40,6 +40,31 @@ import ukv_torch
 TOPK, WINDOW, BS, CSA_RATIO, HCA_RATIO = 1024, 128, 128, 4, 128
 CSA_K, HCA_K = BS // CSA_RATIO, BS // HCA_RATIO
 
+
+@dataclass(frozen=True)
+class RowSpace:
+    """The row-space layout's index arguments: the V4-Pro plan of 5 GiB with
+    32-token SWA pages (its envelope stride and each class's SWA constants)."""
+    rows: int
+    envelope: int
+    unit_rows: int
+    swa: tuple   # swa_rows of the dense (SWA-only), CSA and HCA classes
+    csa: tuple
+    hca: tuple
+
+    @staticmethod
+    def of_plan() -> "RowSpace":
+        from ukv_torch.planning import MODEL_PRESETS, plan_kv_layout
+        config = ukv_torch.ServeConfig(layout="row_space", swa_page_tokens=32, compress_ratios=(CSA_RATIO, HCA_RATIO),
+                                       window=WINDOW, block_size=BS, max_num_seqs=256, max_num_batched_tokens=8192)
+        plan = plan_kv_layout(5 << 30, MODEL_PRESETS["v4-pro"], config)
+        return RowSpace(plan.pools.total_rows, plan.pools.envelope_rows, plan.pools.swa_unit_rows,
+                        tuple(plan.swa_rows(0)), tuple(plan.swa_rows(CSA_RATIO)), tuple(plan.swa_rows(HCA_RATIO)))
+
+    @property
+    def page(self) -> int:
+        return self.swa[0]
+
 # Upstream Triton kernels on the same H200 (ARCHITECTURE.md): (graph us, eager us).
 REFERENCE = {
     ("csa_translate_pack", "decode T=1 ctx 8K"): (1.65, 5.0),
@@ -60,17 +85,27 @@ def i32(x):
     return x.to(torch.int32)
 
 
-def decode_batch(num_tokens: int, ctx: int, device, gen) -> Dict[str, torch.Tensor]:
-    """num_tokens sequences of ctx tokens each, one decode token per sequence."""
+def tables(rows: int, ctx: int, device, gen, rs: Optional[RowSpace]) -> Dict[str, object]:
+    """Random block tables for sequences of ctx tokens: slot ids (SWA slots of
+    4096, compress blocks of 2^20), or the row space's SWA units per page and
+    envelopes per block."""
     cols = ctx // BS + 1
+    swa_cols, swa_ids = (cols, 4096) if rs is None else (ctx // rs.page + 1, rs.rows // rs.unit_rows)
+    env_ids = 1 << 20 if rs is None else rs.rows // rs.envelope
+    return {"row_space": rs,
+            "swa_table": i32(torch.randint(0, swa_ids, (rows, swa_cols), generator=gen, device=device)),
+            "csa_table": i32(torch.randint(0, env_ids, (rows, cols), generator=gen, device=device)),
+            "hca_table": i32(torch.randint(0, env_ids, (rows, cols), generator=gen, device=device))}
+
+
+def decode_batch(num_tokens: int, ctx: int, device, gen, rs: Optional[RowSpace] = None) -> Dict[str, torch.Tensor]:
+    """num_tokens sequences of ctx tokens each, one decode token per sequence."""
     d = {
         "positions": torch.full((num_tokens,), ctx - 1, dtype=torch.int64, device=device),
         "batch_id": i32(torch.arange(num_tokens, device=device)),
         "n_csa": torch.full((num_tokens,), ctx // CSA_RATIO, dtype=torch.int32, device=device),
         "n_hca": torch.full((num_tokens,), ctx // HCA_RATIO, dtype=torch.int32, device=device),
-        "swa_table": i32(torch.randint(0, 4096, (num_tokens, cols), generator=gen, device=device)),
-        "csa_table": i32(torch.randint(0, 1 << 20, (num_tokens, cols), generator=gen, device=device)),
-        "hca_table": i32(torch.randint(0, 1 << 20, (num_tokens, cols), generator=gen, device=device)),
+        **tables(num_tokens, ctx, device, gen, rs),
     }
     d["topk"] = i32(torch.randint(0, ctx // CSA_RATIO, (num_tokens, TOPK), generator=gen, device=device))
     ptrs = [torch.empty(num_tokens + 1, dtype=torch.int32, device=device) for _ in range(3)]
@@ -80,10 +115,9 @@ def decode_batch(num_tokens: int, ctx: int, device, gen) -> Dict[str, torch.Tens
     return d
 
 
-def prefill_batch(num_tokens: int, start: int, device, gen) -> Dict[str, torch.Tensor]:
+def prefill_batch(num_tokens: int, start: int, device, gen, rs: Optional[RowSpace] = None) -> Dict[str, torch.Tensor]:
     """One sequence computing positions [start, start + num_tokens)."""
     ctx = start + num_tokens
-    cols = ctx // BS + 1
     positions = torch.arange(start, ctx, dtype=torch.int64, device=device)
     d = {
         "positions": positions,
@@ -92,9 +126,7 @@ def prefill_batch(num_tokens: int, start: int, device, gen) -> Dict[str, torch.T
         "query_start": torch.zeros(1, dtype=torch.int32, device=device),
         "n_csa": torch.tensor([ctx // CSA_RATIO], dtype=torch.int32, device=device),
         "n_hca": torch.tensor([ctx // HCA_RATIO], dtype=torch.int32, device=device),
-        "swa_table": i32(torch.randint(0, 4096, (1, cols), generator=gen, device=device)),
-        "csa_table": i32(torch.randint(0, 1 << 20, (1, cols), generator=gen, device=device)),
-        "hca_table": i32(torch.randint(0, 1 << 20, (1, cols), generator=gen, device=device)),
+        **tables(1, ctx, device, gen, rs),
     }
     visible = torch.clamp((positions + 1) // CSA_RATIO, min=1)
     d["topk"] = i32((torch.rand((num_tokens, TOPK), generator=gen, device=device) * visible[:, None]).long())
@@ -120,9 +152,19 @@ def scatter(out, indptr_base, lane, mask, values):
     out.index_put_((dst.reshape(-1).long(),), values.reshape(-1).to(torch.int32))
 
 
-def compress_rows(table, b, entries, k):
+def compress_rows(table, b, entries, k, stride=None):
+    """base 0 + id(e / k) * stride + e % k; the stride is k but in the row space (the envelope)."""
     e = entries.clamp(0, table.shape[1] * k - 1).long()
-    return table[b[:, None], e // k].long() * k + e % k
+    return table[b[:, None], e // k].long() * (k if stride is None else stride) + e % k
+
+
+def block_stride(d) -> Optional[int]:
+    return None if d["row_space"] is None else d["row_space"].envelope
+
+
+def class_rows(d, cls: str) -> Optional[tuple]:
+    """A class's swa_rows (None in the slot layouts)."""
+    return None if d["row_space"] is None else getattr(d["row_space"], cls)
 
 
 def composite_csa(d, out, skip):
@@ -132,12 +174,21 @@ def composite_csa(d, out, skip):
     valid_k = indptr[1:] - indptr[:-1] - skip
     lane = torch.arange(d["topk"].shape[1], device=out.device)
     mask = (lane[None, :] < valid_k[:, None]) & real[:, None]
-    scatter(out, indptr[:-1], lane, mask, compress_rows(d["csa_table"], b, d["topk"], CSA_K))
+    scatter(out, indptr[:-1], lane, mask, compress_rows(d["csa_table"], b, d["topk"], CSA_K, block_stride(d)))
 
 
-def swa_rows(table, b, first, lane):
+def swa_rows(table, b, first, lane, rows: Optional[tuple] = None):
+    """Rows of positions first + lane: unit * block_size + a % block_size in the
+    slot layouts; with the row space's constants (page, unit rows, offset,
+    group, group stride) unit * unit_rows + offset + (q / group) * stride + q % group, q = a % page."""
     a = (first[:, None] + lane[None, :]).clamp(min=0)
-    return table[b[:, None], (a // BS).clamp(max=table.shape[1] - 1)].long() * BS + a % BS
+    page = BS if rows is None else rows[0]
+    unit = table[b[:, None], (a // page).clamp(max=table.shape[1] - 1)].long().clamp(min=0)
+    if rows is None:
+        return unit * BS + a % BS
+    _, unit_rows, offset, group, group_stride = rows
+    q = a % page
+    return unit * unit_rows + offset + (q // group) * group_stride + q % group
 
 
 def composite_paged_decode(d, outs):
@@ -146,9 +197,9 @@ def composite_paged_decode(d, outs):
     n = torch.clamp(d["positions"] + 1, max=WINDOW)
     lane = torch.arange(WINDOW, device=n.device)
     mask = (lane[None, :] < n[:, None]) & real[:, None]
-    rows = swa_rows(d["swa_table"], b, d["positions"] - n + 1, lane)
-    for indptr, out in outs:
-        scatter(out, indptr[1:] - n, lane, mask, rows)
+    for (indptr, out), cls in zip(outs, ("swa", "csa", "hca")):
+        scatter(out, indptr[1:] - n, lane, mask, swa_rows(d["swa_table"], b, d["positions"] - n + 1, lane,
+                                                         class_rows(d, cls)))
 
 
 def composite_hca_decode(d, out):
@@ -156,7 +207,8 @@ def composite_hca_decode(d, out):
     b = d["batch_id"].clamp(min=0).long()
     lane = torch.arange(d["hca_table"].shape[1] * HCA_K, device=out.device)
     mask = (lane[None, :] < d["n_hca"][b][:, None]) & real[:, None]
-    scatter(out, d["hca_indptr"][:-1], lane, mask, compress_rows(d["hca_table"], b, lane.expand(b.shape[0], -1), HCA_K))
+    scatter(out, d["hca_indptr"][:-1], lane, mask,
+            compress_rows(d["hca_table"], b, lane.expand(b.shape[0], -1), HCA_K, block_stride(d)))
 
 
 def composite_paged_prefill(d, outs):
@@ -174,15 +226,32 @@ def composite_paged_prefill(d, outs):
     scatter(ext, d["extend_indptr"][:-1], lane, ext_mask,
             (d["query_start"][b] + tpic - extend_count + 1)[:, None] + lane[None, :])
     mask = (lane[None, :] < prefix[:, None]) & real[:, None]
-    rows = swa_rows(d["swa_table"], b, swa_low, lane)
-    scatter(swa, d["swa_indptr"][:-1], lane, mask, rows)
-    scatter(hca, d["hca_indptr"][:-1], lane, mask, rows)
-    scatter(csa, d["csa_indptr"][1:] - prefix, lane, mask, rows)
+    scatter(swa, d["swa_indptr"][:-1], lane, mask, swa_rows(d["swa_table"], b, swa_low, lane, class_rows(d, "swa")))
+    scatter(hca, d["hca_indptr"][:-1], lane, mask, swa_rows(d["swa_table"], b, swa_low, lane, class_rows(d, "hca")))
+    scatter(csa, d["csa_indptr"][1:] - prefix, lane, mask,
+            swa_rows(d["swa_table"], b, swa_low, lane, class_rows(d, "csa")))
     n_hca = torch.minimum((p + 1) // HCA_RATIO, d["n_hca"][b].long())
     hlane = torch.arange(d["hca_table"].shape[1] * HCA_K, device=p.device)
     hmask = (hlane[None, :] < n_hca[:, None]) & real[:, None]
     scatter(hca, d["hca_indptr"][:-1] + prefix, hlane, hmask,
-            compress_rows(d["hca_table"], b, hlane.expand(b.shape[0], -1), HCA_K))
+            compress_rows(d["hca_table"], b, hlane.expand(b.shape[0], -1), HCA_K, block_stride(d)))
+
+
+def composite_slot_mapping(d, out, rows):
+    real = d["batch_id"] >= 0
+    b = d["batch_id"].clamp(min=0).long()
+    zero = torch.zeros(1, dtype=torch.int64, device=out.device)
+    page = d["row_space"].page
+    held = d["swa_table"][b, (d["positions"] // page).clamp(max=d["swa_table"].shape[1] - 1)] >= 0
+    row = swa_rows(d["swa_table"], b, d["positions"], zero, rows)[:, 0]
+    out.copy_(torch.where(real & held, row, -1).to(torch.int32))
+
+
+def composite_row_copies(planes, moves):
+    """Every phase's rows gathered, then scattered (moves: per phase, (src, dst) row index tensors)."""
+    for src, dst in moves:
+        for plane in planes:
+            plane.index_copy_(0, dst, plane.index_select(0, src))
 
 
 def composite_decode_metadata(d, ptrs):
@@ -236,7 +305,7 @@ def csa_case(label, d, prefill):
     def run_op():
         ukv_torch.csa_translate_pack(d["topk"], d["csa_table"], d["positions"], d["batch_id"], d["csa_indptr"],
                                      out_op, compress_base=0, window=0 if prefill else WINDOW, skip_per_token=skip,
-                                     block_size=BS)
+                                     block_size=BS, block_stride=block_stride(d))
 
     return Case("csa_translate_pack", label, d["batch_id"].numel(), 12 * cells, run_op,
                 lambda: composite_csa(d, out_ref, composite_skip), lambda: ([out_op[:-1]], [out_ref[:-1]]))
@@ -251,7 +320,8 @@ def paged_decode_case(label, d):
     def run_op():
         ukv_torch.paged_decode_indices(d["swa_table"], d["positions"], d["batch_id"], d["swa_indptr"], op_outs[0],
                                        d["csa_indptr"], op_outs[1], d["hca_indptr"], op_outs[2], window=WINDOW,
-                                       block_size=BS)
+                                       block_size=BS, swa_rows=class_rows(d, "swa"), csa_swa_rows=class_rows(d, "csa"),
+                                       hca_swa_rows=class_rows(d, "hca"))
 
     return Case("paged_decode_indices", label, d["batch_id"].numel(), 16 * cells, run_op,
                 lambda: composite_paged_decode(d, [(d[n + "_indptr"], o) for n, o in zip(names, ref_outs)]),
@@ -264,7 +334,7 @@ def hca_decode_case(label, d):
 
     def run_op():
         ukv_torch.hca_decode_indices(d["hca_table"], d["batch_id"], d["n_hca"], d["hca_indptr"], out_op,
-                                     compress_base=0, block_size=BS)
+                                     compress_base=0, block_size=BS, block_stride=block_stride(d))
 
     return Case("hca_decode_indices", label, d["batch_id"].numel(), 8 * cells, run_op,
                 lambda: composite_hca_decode(d, out_ref), lambda: ([out_op[:-1]], [out_ref[:-1]]))
@@ -282,7 +352,9 @@ def paged_prefill_case(label, d):
         ukv_torch.paged_prefill_indices(d["positions"], d["batch_id"], d["chunk_start"], d["query_start"], d["n_hca"],
                                         d["swa_table"], d["hca_table"], d["extend_indptr"], d["swa_indptr"],
                                         d["csa_indptr"], d["hca_indptr"], *op_outs, compress_base=0, window=WINDOW,
-                                        block_size=BS)
+                                        block_size=BS, swa_rows=class_rows(d, "swa"),
+                                        csa_swa_rows=class_rows(d, "csa"), hca_swa_rows=class_rows(d, "hca"),
+                                        hca_block_stride=block_stride(d))
 
     # Only the prefill op's cells of the CSA buffer (its SWA tails) are compared;
     # both sides leave the top-k heads at zero.
@@ -320,6 +392,37 @@ def prefill_metadata_case(label, d):
                 lambda: composite_prefill_metadata(d, ref_out[:4], ref_out[4]), lambda: (op_out, ref_out))
 
 
+def slot_mapping_case(label, d):
+    n = d["batch_id"].numel()
+    rows = class_rows(d, "csa")
+    out_op, out_ref = (torch.empty(n, dtype=torch.int32, device=d["positions"].device) for _ in range(2))
+
+    def run_op():
+        ukv_torch.swa_slot_mapping(d["swa_table"], d["positions"], d["batch_id"], out_op, block_size=BS, swa_rows=rows)
+
+    return Case("swa_slot_mapping", label, n, 16 * n, run_op, lambda: composite_slot_mapping(d, out_ref, rows),
+                lambda: ([out_op], [out_ref]))
+
+
+def row_copies_case(label, rs: RowSpace, moves: int, device, gen):
+    """moves SWA units relocated in one phase (disjoint rows) over the V4 planes
+    (fp8 NoPE 448 B and bf16 RoPE 128 B per row), on a row space cut to the rows the moves touch."""
+    rows = 2 * moves * rs.unit_rows
+    planes = [torch.randint(0, 255, (rows, 448), generator=gen, device=device, dtype=torch.uint8),
+              torch.randn((rows, 64), generator=gen, device=device).to(torch.bfloat16)]
+    ref = [p.clone() for p in planes]
+    order = torch.randperm(2 * moves, generator=gen, device=device)
+    src_units, dst_units = order[:moves], order[moves:]
+    copies = torch.stack([src_units * rs.unit_rows, dst_units * rs.unit_rows,
+                          torch.full_like(src_units, rs.unit_rows)], 1).to(torch.int32)
+    counts = torch.tensor([moves], dtype=torch.int32, device=device)
+    lane = torch.arange(rs.unit_rows, device=device)
+    src, dst = ((u[:, None] * rs.unit_rows + lane).reshape(-1) for u in (src_units, dst_units))
+    bytes_moved = 2 * moves * rs.unit_rows * (448 + 128)
+    return Case("apply_row_copies", label, moves, bytes_moved, lambda: ukv_torch.apply_row_copies(planes, copies, counts),
+                lambda: composite_row_copies(ref, [(src, dst)]), lambda: (planes, ref))
+
+
 def build_cases(device, quick):
     gen = torch.Generator(device=device)
     gen.manual_seed(0)
@@ -352,7 +455,37 @@ def build_cases(device, quick):
         cases.append(decode_metadata_case(f"decode T={t}", dec(t, 32)))
     cases.append(prefill_metadata_case("prefill 1 seq 8K chunk at 0", pre(8192, 0)))
     cases.append(prefill_metadata_case("prefill 1 seq 16K chunk at 112K", pre(16384, 112)))
-    return cases
+    return cases + row_space_cases(device, gen, scale)
+
+
+# The row-space cases, labelled as the slot case with the same shapes (whose
+# upstream reference figures they are held to) plus ROW_SPACE.
+ROW_SPACE = ", row space"
+
+
+def row_space_cases(device, gen, scale):
+    rs = RowSpace.of_plan()
+    K = 1024 // scale
+
+    def dec(t, ctx):
+        return decode_batch(max(1, t // scale), ctx * K, device, gen, rs)
+
+    def pre(t, start):
+        return prefill_batch(max(1, t // scale), start * K, device, gen, rs)
+
+    return [
+        csa_case("decode T=256 ctx 32K" + ROW_SPACE, dec(256, 32), False),
+        csa_case("prefill T=2048 ctx 32K" + ROW_SPACE, pre(2048, 30), True),
+        paged_decode_case("decode T=512 ctx 32K" + ROW_SPACE, dec(512, 32)),
+        paged_decode_case("decode T=4096 ctx 32K" + ROW_SPACE, dec(4096, 32)),
+        hca_decode_case("decode T=512 ctx 32K" + ROW_SPACE, dec(512, 32)),
+        paged_prefill_case("prefill 1 seq 8K chunk at 0" + ROW_SPACE, pre(8192, 0)),
+        paged_prefill_case("prefill 1 seq 16K chunk at 112K" + ROW_SPACE, pre(16384, 112)),
+        slot_mapping_case("decode T=512" + ROW_SPACE, dec(512, 32)),
+        slot_mapping_case("prefill 1 seq 8K chunk at 0" + ROW_SPACE, pre(8192, 0)),
+        row_copies_case("16 unit moves" + ROW_SPACE, rs, max(1, 16 // scale), device, gen),
+        row_copies_case("256 unit moves" + ROW_SPACE, rs, max(1, 256 // scale), device, gen),
+    ]
 
 
 # ---- timing -------------------------------------------------------------------
@@ -509,7 +642,7 @@ def main(argv=None):
         best = r.get("graph_us", r["eager_us"])
         r["mb_moved"] = case.bytes_moved / 1e6
         r["gb_per_s"] = case.bytes_moved / (best * 1e-6) / 1e9
-        ref = REFERENCE.get((case.op, case.label))
+        ref = REFERENCE.get((case.op, case.label.removesuffix(ROW_SPACE)))
         rows.append({"op": case.op, "case": case.label, "tokens": case.num_tokens,
                      "reference_graph_us": ref and ref[0], "reference_eager_us": ref and ref[1], **r})
         print(f"measured {case.op} [{case.label}]", file=sys.stderr)

@@ -177,7 +177,9 @@ void KvManager::clear_cache() {
 }
 
 int32_t KvManager::phys_of(int64_t table, int32_t id) const {
-  if (rows_) return static_cast<int32_t>(rows_->slot_of(UnitKind::Envelope, id));
+  // A reserved envelope (no chunk reached the block yet) reads as envelope 0:
+  // no valid index reaches an entry of it, and a stray one stays in bounds.
+  if (rows_) return static_cast<int32_t>(std::max<int64_t>(0, rows_->slot_of(UnitKind::Envelope, id)));
   return coord_ ? logical_.binding(table, id) : id;
 }
 
@@ -188,7 +190,10 @@ int32_t KvManager::unit_of(int32_t page) const {
 void KvManager::on_block_freed(int64_t id) {
   if (!rows_) return on_live_change(id, -1);
   if (logical_.has_hash(id)) return rows_->set_cached(UnitKind::Envelope, id, true);
-  rows_->unbind(UnitKind::Envelope, id);  // nothing a later hit could use
+  // Nothing a later hit could use: the envelope goes back, or the reservation
+  // of a block no chunk reached.
+  if (rows_->is_bound(UnitKind::Envelope, id)) rows_->unbind(UnitKind::Envelope, id);
+  else --envelopes_reserved_;
   unbound_free_.push_back(id);
 }
 

@@ -130,8 +130,9 @@ class KvManager {
   // manager knows them by (in the row-space layout, virtual pages).
   const std::vector<int32_t>& swa_table(int64_t seq_id) const;
   // The physical tables as staged: a compress type's blocks (the logical ids
-  // in the static split, envelopes in the row-space layout: type 0), and the
-  // SWA units of the pages.
+  // in the static split, envelopes in the row-space layout: type 0, where a
+  // block no chunk has reached yet has none and reads 0), and the SWA units
+  // of the pages.
   std::vector<int32_t> phys_table(int64_t seq_id, int64_t type) const;
   std::vector<int32_t> staged_swa_table(int64_t seq_id) const;
   int64_t num_computed(int64_t seq_id) const;
@@ -240,6 +241,11 @@ class KvManager {
   int64_t take_block(int64_t id);
   void bind_popped(const std::vector<int64_t>& ids);
   void bind_envelopes(const std::vector<int64_t>& ids);
+  // Admission in the row space: cached blocks go live on their envelopes,
+  // the others are reserved (bound by the chunk that writes them), so one
+  // step binds, and moves for, at most what it computes.
+  void reserve_envelopes(const std::vector<int64_t>& ids);
+  void bind_chunk_envelopes(Sequence& s, int64_t num_new_tokens);
   void alloc_binding(int64_t type, int64_t id);
   void release_phys(int64_t type, int32_t phys);
   void free_binding(int64_t type, int64_t id);
@@ -299,6 +305,9 @@ class KvManager {
   SlotList unbound_free_;                            // row space: free logical blocks without an envelope
   std::unordered_map<int64_t, Sequence> seqs_;
   int64_t swa_reserved_ = 0;                         // sum of quotas + checkpoint reserve
+  // Row space: blocks of live sequences that have no envelope yet (a chunk
+  // binds its blocks' envelopes when ensure_for_tokens reaches them).
+  int64_t envelopes_reserved_ = 0;
   std::vector<int64_t> row_seq_, row_len_;           // staging rows: sequence and length last written
   std::vector<KvEvent> events_;
   KvManagerStats stats_;

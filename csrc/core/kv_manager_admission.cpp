@@ -14,9 +14,10 @@ namespace ukv {
 
 bool KvManager::capacity_ok(int64_t extra_quota, int64_t compress_demand, const std::vector<int64_t>& reclaim) const {
   if (rows_) {
-    // Row space: every live envelope, the blocks going live, and an SWA unit
-    // for every reserved page fit the rows; cached units give way on demand.
-    const int64_t envelopes = rows_->live_units(UnitKind::Envelope) + compress_demand;
+    // Row space: an envelope for every block of a live sequence (bound or
+    // reserved) and for the blocks going live, and an SWA unit for every
+    // reserved page, fit the rows; cached units give way on demand.
+    const int64_t envelopes = rows_->live_units(UnitKind::Envelope) + envelopes_reserved_ + compress_demand;
     const int64_t units = std::max(swa_reserved_ + extra_quota, rows_->live_units(UnitKind::Swa));
     return envelopes * pools_.envelope_rows + units * pools_.swa_unit_rows <= pools_.total_rows;
   }
@@ -155,6 +156,17 @@ void KvManager::bind_envelopes(const std::vector<int64_t>& ids) {
     if (rows_->is_bound(UnitKind::Envelope, id)) continue;
     unbound_free_.erase(id);
     rows_->bind(UnitKind::Envelope, id);
+  }
+}
+
+void KvManager::reserve_envelopes(const std::vector<int64_t>& ids) {
+  for (int64_t id : ids) {
+    if (rows_->is_bound(UnitKind::Envelope, id)) {
+      rows_->set_cached(UnitKind::Envelope, id, false);
+      continue;
+    }
+    unbound_free_.erase(id);
+    ++envelopes_reserved_;
   }
 }
 
@@ -396,7 +408,8 @@ int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n) {
   for (int64_t id : a.fresh.ids) popped.push_back(take_block(id));
   stats_.compress_evictions += a.fresh.evicted;
   reclaim_until(a.quota, a.fresh.demand);
-  bind_popped(popped);
+  if (rows_) reserve_envelopes(popped);
+  else bind_popped(popped);
   for (int64_t id : popped) push_block(s, id);
   s.tokens.assign(tokens, tokens + n);
   s.hashes = a.hashes;

@@ -15,7 +15,7 @@ void KvManager::check_invariants() const {
   if (swa_) swa_->check_invariants();
   std::vector<int64_t> logical_refs(static_cast<size_t>(pools_.num_logical_blocks), 0);
   std::vector<int64_t> swa_refs(static_cast<size_t>(swa_ ? pools_.num_swa_blocks : 0), 0);
-  int64_t quotas = 0;
+  int64_t quotas = 0, unbound = 0;
   for (const auto& [id, s] : seqs_) {
     const size_t len = s.logical.size();
     require<StateError>(s.swa.size() == len * static_cast<size_t>(ppb_), "sequence ", id,
@@ -26,11 +26,19 @@ void KvManager::check_invariants() const {
     require<StateError>(s.num_computed >= 0 && s.num_computed <= static_cast<int64_t>(s.tokens.size()), "sequence ",
                         id, ": computed outside [0, known]");
     int64_t held = 0;
-    for (int32_t b : s.logical) {
+    // Row space: a block the model writes or has written has a live envelope;
+    // the others have one (a cached block taken at admission) or a reservation.
+    const int64_t written = blocks_for(s.num_computed + std::max(s.ensured, s.scheduled));
+    for (size_t i = 0; i < len; ++i) {
+      const int32_t b = s.logical[i];
       ++logical_refs[static_cast<size_t>(b)];
-      require<StateError>(!rows_ || (rows_->is_bound(UnitKind::Envelope, b) &&
-                                     !rows_->is_cached(UnitKind::Envelope, b)),
-                          "sequence ", id, ": logical block ", b, " has no live envelope");
+      if (!rows_) continue;
+      const bool bound = rows_->is_bound(UnitKind::Envelope, b);
+      require<StateError>(!rows_->is_cached(UnitKind::Envelope, b), "sequence ", id, ": logical block ", b,
+                          " is cached in the row space");
+      require<StateError>(bound || static_cast<int64_t>(i) >= written, "sequence ", id, ": logical block ", b,
+                          " holds written positions but no envelope");
+      unbound += !bound;
     }
     for (size_t j = 0; j < s.swa.size(); ++j) {
       if (s.swa[j] < 0) continue;
@@ -53,6 +61,8 @@ void KvManager::check_invariants() const {
     require<StateError>(swa_refs[static_cast<size_t>(b)] + swa_->is_pinned(b) == swa_->ref(b), "SWA block ", b,
                         " ref ", swa_->ref(b), " != table occurrences + pin");
   require<StateError>(swa_reserved_ == quotas + checkpoint_reserve(), "SWA reservation total");
+  require<StateError>(envelopes_reserved_ == unbound, "row space: ", envelopes_reserved_,
+                      " envelopes reserved for ", unbound, " blocks without one");
   if (rows_) return check_row_space_invariants();
   if (swa_)
     require<StateError>(swa_->free_slots() + swa_->held_slots() >= swa_reserved_, "SWA capacity ",
@@ -87,9 +97,9 @@ void KvManager::check_invariants() const {
   }
 }
 
-// The row space holds an envelope for every live block and every cached
-// (free, hashed) one, none for other free blocks; and the promise holds: the
-// live envelopes and the reserved SWA pages fit the rows.
+// The row space holds an envelope for every cached (free, hashed) block and
+// none for other free blocks; and the promise holds: the live blocks'
+// envelopes (bound or reserved) and the reserved SWA pages fit the rows.
 void KvManager::check_row_space_invariants() const {
   for (int64_t b = 0; b < pools_.num_logical_blocks; ++b) {
     const bool bound = rows_->is_bound(UnitKind::Envelope, b), free = logical_.ref(b) == 0;
@@ -174,6 +184,8 @@ void KvManager::read_sequence(StateReader& r) {
   }
   s.hashes = r.vec<uint64_t>(static_cast<int64_t>(s.logical.size()), "hash");
   swa_reserved_ += s.swa_quota + s.extra_pages;
+  if (rows_)  // the row space's state says which blocks are bound
+    for (int32_t b : s.logical) envelopes_reserved_ += !rows_->is_bound(UnitKind::Envelope, b);
   seqs_.emplace(id, std::move(s));
 }
 

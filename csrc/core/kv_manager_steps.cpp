@@ -36,9 +36,21 @@ int64_t KvManager::missing_swa_pages(const Sequence& s, int64_t num_new_tokens) 
   return missing;
 }
 
+void KvManager::bind_chunk_envelopes(Sequence& s, int64_t num_new_tokens) {
+  const int64_t bs = serve_.block_size;
+  for (int64_t b = s.num_computed / bs; b < blocks_for(s.num_computed + num_new_tokens); ++b) {
+    const int64_t id = s.logical[static_cast<size_t>(b)];
+    if (rows_->is_bound(UnitKind::Envelope, id)) continue;
+    rows_->bind(UnitKind::Envelope, id);  // the promise: admission counted its rows
+    --envelopes_reserved_;
+    s.dirty_lo = std::min(s.dirty_lo, b);
+  }
+}
+
 void KvManager::apply_ensure(Sequence& s, int64_t num_new_tokens) {
   s.ensured = num_new_tokens;
   s.write_lo = s.num_computed;
+  if (rows_) bind_chunk_envelopes(s, num_new_tokens);
   if (num_new_tokens == 0 || !swa_) return;
   const auto [first, last] = chunk_pages(s, num_new_tokens);
   for (int64_t j = first; j <= last; ++j)

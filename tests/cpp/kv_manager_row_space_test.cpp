@@ -79,6 +79,34 @@ TEST(RowSpaceManager, AdmissionIsTheRowBudget) {
   }
 }
 
+// Admission reserves envelopes; a chunk binds those of the blocks it writes.
+// So one step binds (and moves units for) at most what it computes, however
+// long the prompts it admits.
+TEST(RowSpaceManager, EnvelopesAreBoundByTheChunkThatWritesThem) {
+  const Config c = row_space(8192);
+  KvManager m(c.serve, c.pools);
+  const auto t = tokens(40 * kBs, 1);
+  ASSERT_EQ(m.allocate(1, t.data(), 40 * kBs), 0);
+  const RowSpace& rows = *m.row_space();
+  EXPECT_EQ(rows.bound_units(UnitKind::Envelope), 0);
+  EXPECT_EQ(m.phys_table(1, 0), std::vector<int32_t>(40, 0));  // none yet: read as envelope 0
+  // 40 blocks need 5120 rows: a second 40-block request does not fit beside the reservation.
+  const auto other = tokens(40 * kBs, 2);
+  EXPECT_EQ(m.can_allocate(other.data(), 40 * kBs), KvManager::kNotNow);
+  const int64_t id = 1, chunk = 300;  // blocks 0..2
+  m.ensure_for_tokens(&id, &chunk, 1);
+  EXPECT_EQ(rows.bound_units(UnitKind::Envelope), 3);
+  const auto staged = m.phys_table(1, 0);
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(staged[static_cast<size_t>(b)], rows.slot_of(UnitKind::Envelope, m.logical_table(1)[static_cast<size_t>(b)]));
+  m.check_invariants();
+  const auto copy = KvManager::from_state(m.to_state());  // the reservation is rebuilt from the state
+  copy->check_invariants();
+  m.deallocate(&id, 1);  // the reserved blocks go back with the bound ones
+  EXPECT_EQ(rows.bound_units(UnitKind::Envelope), 0);
+  EXPECT_EQ(m.can_allocate(other.data(), 40 * kBs), 0);
+  m.check_invariants();
+}
+
 TEST(RowSpaceManager, RefusalsTellNotNowFromNeverFits) {
   const Config c = row_space(3 * 1664);
   KvManager m(c.serve, c.pools);

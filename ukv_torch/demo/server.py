@@ -217,13 +217,13 @@ class Server:
             r = self.waiting[0]
             seq_id = self.next_seq_id
             cached = self.mgr.allocate(seq_id, torch.from_numpy(r.tags.tokens))
-            if cached < 0:
+            if cached == KvManager.NEVER_FITS:  # not even with nothing live: the engine rejects it
+                self.waiting.popleft()
+                self.result.unservable += 1
+                self.open_turns -= len(r.conv.turns) - r.turn
+                continue
+            if cached == KvManager.NOT_NOW:  # first come, first served: wait for room
                 self._refused()
-                if not self.running:  # can never fit: the engine rejects it
-                    self.waiting.popleft()
-                    self.result.unservable += 1
-                    self.open_turns -= len(r.conv.turns) - r.turn
-                    continue
                 break
             self.next_seq_id += 1
             self.waiting.popleft()
