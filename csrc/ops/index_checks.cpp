@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <limits>
+#include <string>
 
 #include "core/errors.h"
 #include "core/sizing.h"
@@ -110,12 +111,14 @@ class ArgChecker {
                       " must be None or 5 ints [page tokens, unit rows, offset, group, group stride], got ", v->size(),
                       " values");
     const std::vector<int64_t>& r = *v;
-    const int32_t page = scalar(r[0], "the page tokens of swa_rows", 1);
-    const int32_t group = scalar(r[3], "the group of swa_rows", 1);
+    const auto field = [&](size_t i, const char* what, int64_t lo) {
+      return scalar(r[i], ("the " + std::string(what) + " of " + name).c_str(), lo);
+    };
+    const int32_t page = field(0, "page tokens", 1);
+    const int32_t group = field(3, "group", 1);
     TORCH_CHECK_VALUE(page % group == 0, op_, ": ", name, ": the group ", group, " must divide the page ", page);
-    return {kernels::make_divisor(page), scalar(r[1], "the unit rows of swa_rows", 1),
-            scalar(r[2], "the offset of swa_rows", 0), kernels::make_divisor(group),
-            scalar(r[4], "the group stride of swa_rows", 1)};
+    return {kernels::make_divisor(page), field(1, "unit rows", 1), field(2, "offset", 0),
+            kernels::make_divisor(group), field(4, "group stride", 1)};
   }
 
   // The outputs of one call share the SWA units: one page size, one unit size.
