@@ -251,9 +251,10 @@ def swa_slot_mapping(
     ``slot_mapping[t]`` (``[T]`` int32) becomes the row of ``positions[t]``
     through ``swa_block_table`` and the class's ``swa_rows`` (see
     :func:`paged_decode_indices`), relative to the layer's base row, or -1 for
-    a padding token and for a position whose page the table holds as -1: a
-    prefill chunk writes only the positions the manager gave pages, and an
-    SWA writer skips -1. One call per layer class serves every layer of it.
+    a padding token, a negative position, and a position whose page the table
+    holds as -1 or lies past the table's columns: a prefill chunk writes only
+    the positions the manager gave pages, and an SWA writer skips -1. One call
+    per layer class serves every layer of it.
     """
 
 

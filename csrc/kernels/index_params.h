@@ -145,7 +145,7 @@ struct PagedPrefillParams {
 };
 
 // The SWA row each new token is written at (-1 for padding and for positions
-// whose page the table does not hold).
+// whose page the table does not hold: an entry below 0 or past its columns).
 struct SwaSlotMappingParams {
   Table swa_table;
   Positions positions;
