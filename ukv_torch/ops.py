@@ -104,8 +104,10 @@ def paged_decode_indices(
     SWA (dense), CSA and HCA classes (``KvPlan.swa_rows(ratio)``), and the row
     is ``unit * unit_rows + offset + (q // group) * group_stride + q % group``
     with ``unit = swa_block_table[b, a // page]`` and ``q = a % page``. None is
-    the slot layouts' formula. A table entry of -1 (a page the sequence does
-    not hold) is read as unit 0.
+    the slot layouts' formula (page tokens and unit rows ``block_size``). The
+    outputs a call writes share page tokens and unit rows (an SWA-only call's
+    CSA and HCA constants are not used). A table entry of -1 (a page the
+    sequence does not hold) is read as unit 0.
     """
 
 

@@ -109,7 +109,7 @@ struct PagedDecodeParams {
   SlicedOutput hca;  // data == nullptr when not requested
   int32_t num_tokens;
   int32_t window;
-  SwaRows swa_rows[3];  // of the SWA, CSA and HCA outputs (one page and unit size)
+  SwaRows swa_rows[3];  // of the SWA, CSA and HCA outputs (one page and unit size among those written)
 };
 
 struct HcaDecodeParams {

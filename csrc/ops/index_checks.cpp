@@ -229,8 +229,10 @@ kernels::PagedDecodeParams check(c10::DeviceType device_type, const PagedDecodeI
   p.swa_rows[0] = c.swa_rows(swa_rows, "swa_rows", block_size);
   p.swa_rows[1] = c.swa_rows(csa_swa_rows, "csa_swa_rows", block_size);
   p.swa_rows[2] = c.swa_rows(hca_swa_rows, "hca_swa_rows", block_size);
-  c.same_units(p.swa_rows[0], p.swa_rows[1], "csa_swa_rows");
-  c.same_units(p.swa_rows[0], p.swa_rows[2], "hca_swa_rows");
+  // Only the outputs written share the units (an SWA-only call's CSA and HCA
+  // constants are not used, whatever they are).
+  if (csa_indices.has_value()) c.same_units(p.swa_rows[0], p.swa_rows[1], "csa_swa_rows");
+  if (hca_indices.has_value()) c.same_units(p.swa_rows[0], p.swa_rows[2], "hca_swa_rows");
   return p;
 }
 
