@@ -346,7 +346,7 @@ kernels::RowCopyParams check(c10::DeviceType device_type, const ApplyRowCopies::
   TORCH_CHECK_VALUE(planes.size() <= static_cast<size_t>(kernels::kMaxPlanes), op, ": planes must hold at most ",
                     kernels::kMaxPlanes, " tensors, got ", planes.size());
   c.matrix(copies, "copies", "[max_copies, 3]", -1);
-  TORCH_CHECK_VALUE(copies.size(1) == 3 && copies.stride(1) == 1 && (copies.size(0) <= 1 || copies.stride(0) == 3), op,
+  TORCH_CHECK_VALUE(copies.size(1) == 3 && copies.is_contiguous(), op,
                     ": copies must be a contiguous [max_copies, 3] tensor (src_row, dst_row, rows), got ",
                     copies.sizes(), " with strides ", copies.strides());
   p.copies = copies.data_ptr<int32_t>();
@@ -356,10 +356,10 @@ kernels::RowCopyParams check(c10::DeviceType device_type, const ApplyRowCopies::
   p.num_planes = static_cast<int32_t>(planes.size());
   for (size_t i = 0; i < planes.size(); ++i) {
     const at::Tensor& plane = planes[i];
-    c.same_device(plane, "planes");
-    TORCH_CHECK_VALUE(plane.dim() == 2 && plane.stride(1) == 1 && (plane.size(0) <= 1 || plane.stride(0) == plane.size(1)),
-                      op, ": planes[", i, "] must be a contiguous 2-D [rows, width] tensor, got ", plane.sizes(),
-                      " with strides ", plane.strides());
+    c.same_device(plane, ("planes[" + std::to_string(i) + "]").c_str());
+    TORCH_CHECK_VALUE(plane.dim() == 2 && plane.is_contiguous(), op, ": planes[", i,
+                      "] must be a contiguous 2-D [rows, width] tensor, got ", plane.sizes(), " with strides ",
+                      plane.strides());
     TORCH_CHECK_VALUE(i == 0 || plane.size(0) == planes[0].size(0), op, ": every plane must have planes[0]'s ",
                       planes[0].size(0), " rows, planes[", i, "] has ", plane.size(0));
     p.planes[i] = static_cast<uint8_t*>(plane.data_ptr());
