@@ -1,19 +1,22 @@
 """Every argument of every index op, given a wrong dtype, rank, size, stride,
-device or value, is refused with an error that names the op and the argument.
-Each case starts from a valid call (checked to succeed) and breaks one thing."""
+device or value, is refused with an error that names the op and the argument,
+and writes nothing. Each case starts from a valid call (checked to succeed)
+and breaks one thing."""
 import pytest
 import torch
 
 from support.devices import DEVICES
-from support.index_calls import call, op_label, valid_calls
+from support.index_calls import call, op_label, snapshot, valid_calls
 
 
 # Arguments whose size defines a count the others are checked against (the
-# token count comes from batch_id, the sequence count from these).
-SEQUENCE_COUNT = {"csa_translate_pack": "block_table", "csa_translate_pack_prefill": "block_table",
-                  "paged_decode_indices": "swa_block_table", "hca_decode_indices": "hca_block_table",
-                  "paged_prefill_indices": "swa_block_table", "decode_index_metadata": "n_committed_csa",
-                  "prefill_index_metadata": "chunk_start"}
+# token count comes from batch_id, the sequence count from these; the phase
+# count from copy_counts).
+SEQUENCE_COUNT = {"csa_translate_pack": "block_table", "paged_decode_indices": "swa_block_table",
+                  "hca_decode_indices": "hca_block_table", "paged_prefill_indices": "swa_block_table",
+                  "decode_index_metadata": "n_committed_csa", "prefill_index_metadata": "chunk_start",
+                  "swa_slot_mapping": "swa_block_table", "apply_row_copies": "copy_counts"}
+COPIES_SHAPE = r"must be a contiguous \[max_copies, 3\]"
 
 
 # Ways to break one tensor argument: label -> (broken tensor, exception, message fragment).
@@ -23,12 +26,18 @@ def tensor_breakages(call_name, name, t):
         out["dtype"] = (t.to(torch.float32), TypeError, "must be int32 or int64")
     else:
         out["dtype"] = (t.to(torch.int64), TypeError, "must be int32")
-    defines_count = name == "batch_id" or SEQUENCE_COUNT[call_name] == name
+    defines_count = name == "batch_id" or SEQUENCE_COUNT[op_label(call_name)] == name
     if t.dim() == 1:
         out["rank"] = (t.unsqueeze(0), ValueError, "must be 1-D|must have shape")
         out["stride"] = (torch.repeat_interleave(t, 2)[::2], ValueError, "must be contiguous")
         if not name.endswith("_indices") and not defines_count:
             out["size"] = (torch.cat([t, t[:1]]), ValueError, "must have")
+    elif name == "copies":  # any number of entries, exactly 3 contiguous columns
+        out["rank"] = (t.flatten(), ValueError, "must be 2-D")
+        out["columns"] = (t[:, :2], ValueError, COPIES_SHAPE)
+        out["wider"] = (torch.cat([t, t[:, :1]], dim=1), ValueError, COPIES_SHAPE)
+        out["stride"] = (torch.cat([t, t], dim=1)[:, :3], ValueError, COPIES_SHAPE)
+        out["column_major"] = (t.t().contiguous().t(), ValueError, COPIES_SHAPE)
     else:
         out["rank"] = (t.flatten(), ValueError, "must be 2-D")
         if not defines_count:
@@ -41,16 +50,29 @@ def tensor_breakages(call_name, name, t):
 def tensor_cases():
     for call_name, (tensors, _) in valid_calls("cpu").items():
         for name, t in tensors.items():
-            if t is None:
+            if not isinstance(t, torch.Tensor):  # None, or the planes (test_apply_row_copies_bad_planes)
                 continue
             for label in tensor_breakages(call_name, name, t):
                 yield pytest.param(call_name, name, label, id=f"{call_name}-{name}-{label}")
 
 
+def expect_refused(call_name, tensors, scalars, exc, match):
+    """The call raises exc matching `match` and leaves every output as it was."""
+    before = snapshot(call_name, tensors)
+    with pytest.raises(exc, match=match):
+        call(call_name, tensors, scalars)
+    after = snapshot(call_name, tensors)
+    assert before.keys() == after.keys()
+    for name in before:
+        assert torch.equal(before[name], after[name]), f"{name} was written by a refused call"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_valid_calls_succeed(device):
     for call_name, (tensors, scalars) in valid_calls(device).items():
+        before = snapshot(call_name, tensors)
         call(call_name, tensors, scalars)
+        assert any(not torch.equal(before[n], t) for n, t in snapshot(call_name, tensors).items()), call_name
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -58,8 +80,8 @@ def test_valid_calls_succeed(device):
 def test_bad_tensor_argument(device, call_name, name, label):
     tensors, scalars = valid_calls(device)[call_name]
     broken, exc, fragment = tensor_breakages(call_name, name, tensors[name])[label]
-    with pytest.raises(exc, match=rf"{op_label(call_name)}: {name} ({fragment})"):
-        call(call_name, {**tensors, name: broken}, scalars)
+    expect_refused(call_name, {**tensors, name: broken}, scalars, exc,
+                   rf"{op_label(call_name)}: {name} ({fragment})")
 
 
 SCALAR_CASES = [
@@ -113,22 +135,33 @@ def test_table_too_wide_for_int32_entries():
         call("csa_translate_pack", {**tensors, "block_table": wide}, scalars)
 
 
+def moved(tensors, device):
+    """(name, label, tensors with that one moved to device) for every tensor
+    argument, and for every element of a tensor list (label name[i])."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor):
+            yield name, name, {**tensors, name: t.to(device)}
+        elif isinstance(t, list):
+            for i in range(len(t)):
+                yield name, rf"{name}\[{i}\]", {**tensors, name: [p.to(device) if j == i else p
+                                                                  for j, p in enumerate(t)]}
+
+
 @pytest.mark.gpu
 def test_argument_on_the_wrong_device():
     for call_name, (tensors, scalars) in valid_calls("cuda").items():
-        for name, t in tensors.items():
-            if t is None:
-                continue
-            with pytest.raises(RuntimeError, match=rf"{op_label(call_name)}: {name} must be on cuda"):
-                call(call_name, {**tensors, name: t.cpu()}, scalars)
+        for _, label, with_cpu in moved(tensors, "cpu"):
+            expect_refused(call_name, with_cpu, scalars, RuntimeError,
+                           rf"{op_label(call_name)}: {label} must be on cuda")
 
 
 def test_argument_on_the_meta_device():
     """Regression: one meta argument among CPU ones used to dispatch to the fake
     kernel and return without writing the real outputs."""
     for call_name, (tensors, scalars) in valid_calls("cpu").items():
-        for name, t in tensors.items():
-            if t is None:
-                continue
-            with pytest.raises(RuntimeError, match=rf"{op_label(call_name)}: {name} must be on cpu .*got meta"):
-                call(call_name, {**tensors, name: t.to("meta")}, scalars)
+        for name, label, with_meta in moved(tensors, "meta"):
+            before = snapshot(call_name, tensors)
+            with pytest.raises(RuntimeError, match=rf"{op_label(call_name)}: {label} must be on cpu .*got meta"):
+                call(call_name, with_meta, scalars)
+            for key, value in snapshot(call_name, tensors).items():
+                assert torch.equal(value, before[key]), key
