@@ -260,6 +260,34 @@ def test_bind_compress_view_addresses_rows_or_refuses(rows, cols, pad, dtype, ba
         assert view.untyped_storage().data_ptr() == kv.untyped_storage().data_ptr()  # an alias, not a copy
 
 
+@given(rows=st.integers(0, 1100), cols=st.integers(0, 5), pad=st.integers(0, 3), dtype=st.sampled_from(VIEW_DTYPES),
+       base=st.one_of(st.integers(-3, 1200), st.sampled_from([0, 128, 256])),
+       ratio=st.sampled_from([0, 1, 3, 4, 64, 128]), block_size=st.sampled_from([0, 128, 256]),
+       stride=st.one_of(st.integers(-2, 700), st.sampled_from([2**31 - 1, 2**31, 2**40, -(2**63)])))
+@fuzz_settings(300)
+def test_bind_compress_view_with_a_block_stride_addresses_rows_or_refuses(rows, cols, pad, dtype, base, ratio,
+                                                                         block_size, stride):
+    """view[c, s] is row base + c * stride + s for every block whose k rows lie in the tensor."""
+    kv = torch.arange(rows * (cols + pad), dtype=torch.float32).reshape(rows, cols + pad).to(dtype)[:, :cols]
+    k = block_size // ratio if block_size > 0 and ratio > 0 and block_size % ratio == 0 else None
+    if k is None or not 0 <= base <= rows or not k <= stride < 2**31:
+        with pytest.raises(ValueError,
+                           match="^bind_compress_view: .*(compress_ratio|block_size|compress_base|block_stride)"):
+            ukv_torch.bind_compress_view(kv, compress_base=base, compress_ratio=ratio, block_size=block_size,
+                                         block_stride=stride)
+        return
+    view = ukv_torch.bind_compress_view(kv, compress_base=base, compress_ratio=ratio, block_size=block_size,
+                                        block_stride=stride)
+    blocks = 0 if rows - base < k else (rows - base - k) // stride + 1
+    assert view.shape == (blocks, k, cols)
+    assert base + (blocks - 1) * stride + k <= rows and (blocks == 0 or base + blocks * stride + k > rows)
+    rows_of = [base + c * stride + s for c in range(blocks) for s in range(k)]
+    as_bytes = lambda t: t.contiguous().view(torch.uint8)  # noqa: E731
+    assert torch.equal(as_bytes(view.reshape(len(rows_of), cols)), as_bytes(kv[rows_of]))
+    if view.numel():
+        assert view.untyped_storage().data_ptr() == kv.untyped_storage().data_ptr()
+
+
 @given(ratios=st.lists(st.sampled_from([0, 4, 128, 3, -4, 256]), max_size=4), num_swa=st.integers(-1, 40),
        head_dim=st.integers(-1, 9), nb=st.one_of(st.none(), st.integers(-1, 300)), unified=st.booleans(),
        block_size=st.sampled_from([128, 256]), rope=st.sampled_from([None, 0, 4]))
