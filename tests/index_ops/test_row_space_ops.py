@@ -53,7 +53,8 @@ def test_swa_slot_mapping_by_hand(device):
 def test_swa_slot_mapping_past_the_table_is_minus_one(device):
     """Regression: a position whose page lies past the table's columns used to
     be mapped through the last column, to the row of another position of that
-    page ([5, 172, 254] here), where an SWA writer would overwrite live KV."""
+    page (rows 172 and 254 for positions 300 and 2**40 here), where an SWA
+    writer would overwrite live KV."""
     out = torch.full((4,), SENTINEL, dtype=torch.int32, device=device)
     ukv_torch.swa_slot_mapping(i32([[0, 1]], device), torch.tensor([5, 255, 300, 2**40], device=device),
                                i32([0, 0, 0, 0], device), out, block_size=128)
