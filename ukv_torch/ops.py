@@ -104,8 +104,10 @@ def paged_decode_indices(
     SWA (dense), CSA and HCA classes (``KvPlan.swa_rows(ratio)``), and the row
     is ``unit * unit_rows + offset + (q // group) * group_stride + q % group``
     with ``unit = swa_block_table[b, a // page]`` and ``q = a % page``. None is
-    the slot layouts' formula. A table entry of -1 (a page the sequence does
-    not hold) is read as unit 0.
+    the slot layouts' formula (page tokens and unit rows ``block_size``). The
+    outputs a call writes share page tokens and unit rows (an SWA-only call's
+    CSA and HCA constants are not used). A table entry of -1 (a page the
+    sequence does not hold) is read as unit 0.
     """
 
 
@@ -251,9 +253,10 @@ def swa_slot_mapping(
     ``slot_mapping[t]`` (``[T]`` int32) becomes the row of ``positions[t]``
     through ``swa_block_table`` and the class's ``swa_rows`` (see
     :func:`paged_decode_indices`), relative to the layer's base row, or -1 for
-    a padding token and for a position whose page the table holds as -1: a
-    prefill chunk writes only the positions the manager gave pages, and an
-    SWA writer skips -1. One call per layer class serves every layer of it.
+    a padding token, a negative position, and a position whose page the table
+    holds as -1 or lies past the table's columns: a prefill chunk writes only
+    the positions the manager gave pages, and an SWA writer skips -1. One call
+    per layer class serves every layer of it.
     """
 
 

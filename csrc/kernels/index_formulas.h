@@ -271,12 +271,16 @@ UKV_HOST_DEVICE PrefillTokenCounts prefill_token_counts(const PrefillMetadataPar
 }
 
 // The SWA row a new token at its position is written at: -1 for padding and
-// for a position whose page the sequence does not hold (swa_slot_mapping).
+// for a position whose page the sequence does not hold (swa_slot_mapping):
+// an entry below 0, or a page past the table's columns. Unlike a read, a
+// write is not clamped onto the last column: that would name the row of
+// another position of that page.
 UKV_HOST_DEVICE int32_t swa_slot_of(const SwaSlotMappingParams& p, int32_t t) {
   const int32_t bid = p.batch_id[t];
   const int32_t pos = load_position(p.positions, t);
   if (!is_real_token(bid, p.swa_table.rows) || pos < 0) return -1;
-  const int32_t col = min_i32(quotient(pos, p.swa_rows.page), p.swa_table.cols - 1);
+  const int32_t col = quotient(pos, p.swa_rows.page);
+  if (col >= p.swa_table.cols) return -1;
   const int32_t unit = id_at(table_row(p.swa_table, bid), col);
   return unit < 0 ? -1 : swa_row_in<false>(unit, pos, p.swa_rows);
 }

@@ -109,7 +109,7 @@ struct PagedDecodeParams {
   SlicedOutput hca;  // data == nullptr when not requested
   int32_t num_tokens;
   int32_t window;
-  SwaRows swa_rows[3];  // of the SWA, CSA and HCA outputs (one page and unit size)
+  SwaRows swa_rows[3];  // of the SWA, CSA and HCA outputs (one page and unit size among those written)
 };
 
 struct HcaDecodeParams {
@@ -145,7 +145,7 @@ struct PagedPrefillParams {
 };
 
 // The SWA row each new token is written at (-1 for padding and for positions
-// whose page the table does not hold).
+// whose page the table does not hold: an entry below 0 or past its columns).
 struct SwaSlotMappingParams {
   Table swa_table;
   Positions positions;

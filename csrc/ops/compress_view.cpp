@@ -7,13 +7,16 @@
 // rows of this layer, N = the envelopes whose block lies inside the tensor.
 // Works the same for the rope plane, which shares the row addressing.
 //
-// Registered as CompositeImplicitAutograd: it is narrow + view, so autograd,
-// fake tensors, functionalization and torch.compile see plain aten views and
-// the result aliases its input with no kernel of its own.
+// Registered as CompositeImplicitAutograd: it is narrow + view (narrow +
+// unfold + transpose with a block stride), so autograd, fake tensors,
+// functionalization and torch.compile see plain aten views and the result
+// aliases its input with no kernel of its own.
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <cstdint>
+#include <limits>
 #include <optional>
 
 #include "core/errors.h"
@@ -41,14 +44,17 @@ at::Tensor bind_compress_view(const at::Tensor& unified_kv, int64_t compress_bas
                     "] (the rows of unified_kv), got ", compress_base);
   const int64_t compress_rows = rows - compress_base;
   if (block_stride.has_value()) {
-    TORCH_CHECK_VALUE(*block_stride >= k, kOp, ": block_stride must be >= k = ", k, " (blocks must not overlap), got ",
-                      *block_stride);
+    // The range of the index ops' block strides (the rows they address are int32).
+    TORCH_CHECK_VALUE(*block_stride >= k && *block_stride <= std::numeric_limits<int32_t>::max(), kOp,
+                      ": block_stride must be in [k = ", k, ", ", std::numeric_limits<int32_t>::max(),
+                      "] (blocks must not overlap) or None, got ", *block_stride);
     TORCH_CHECK_VALUE(unified_kv.stride(1) == 1, kOp, ": unified_kv's rows must be contiguous, got strides ",
                       unified_kv.strides());
-    const int64_t blocks = compress_rows < k ? 0 : (compress_rows - k) / *block_stride + 1;
-    const int64_t row = unified_kv.stride(0);
-    return unified_kv.narrow(0, compress_base, compress_rows)
-        .as_strided({blocks, k, unified_kv.size(1)}, {*block_stride * row, row, 1});
+    // The windows of k rows every block_stride rows, (compress_rows - k) / stride + 1
+    // of them: unfold, not as_strided, which functionalization cannot replay (a
+    // write through an as_strided view fails under torch.compile).
+    if (compress_rows < k) return unified_kv.narrow(0, compress_base, 0).view({0, k, unified_kv.size(1)});
+    return unified_kv.narrow(0, compress_base, compress_rows).unfold(0, k, *block_stride).transpose(1, 2);
   }
   TORCH_CHECK_VALUE(compress_rows % k == 0, kOp, ": the ", compress_rows, " rows from compress_base ", compress_base,
                     " are not a whole number of ", k, "-row compress blocks");

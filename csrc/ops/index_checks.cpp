@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <limits>
+#include <string>
 
 #include "core/errors.h"
 #include "core/sizing.h"
@@ -110,12 +111,14 @@ class ArgChecker {
                       " must be None or 5 ints [page tokens, unit rows, offset, group, group stride], got ", v->size(),
                       " values");
     const std::vector<int64_t>& r = *v;
-    const int32_t page = scalar(r[0], "the page tokens of swa_rows", 1);
-    const int32_t group = scalar(r[3], "the group of swa_rows", 1);
+    const auto field = [&](size_t i, const char* what, int64_t lo) {
+      return scalar(r[i], ("the " + std::string(what) + " of " + name).c_str(), lo);
+    };
+    const int32_t page = field(0, "page tokens", 1);
+    const int32_t group = field(3, "group", 1);
     TORCH_CHECK_VALUE(page % group == 0, op_, ": ", name, ": the group ", group, " must divide the page ", page);
-    return {kernels::make_divisor(page), scalar(r[1], "the unit rows of swa_rows", 1),
-            scalar(r[2], "the offset of swa_rows", 0), kernels::make_divisor(group),
-            scalar(r[4], "the group stride of swa_rows", 1)};
+    return {kernels::make_divisor(page), field(1, "unit rows", 1), field(2, "offset", 0),
+            kernels::make_divisor(group), field(4, "group stride", 1)};
   }
 
   // The outputs of one call share the SWA units: one page size, one unit size.
@@ -226,8 +229,10 @@ kernels::PagedDecodeParams check(c10::DeviceType device_type, const PagedDecodeI
   p.swa_rows[0] = c.swa_rows(swa_rows, "swa_rows", block_size);
   p.swa_rows[1] = c.swa_rows(csa_swa_rows, "csa_swa_rows", block_size);
   p.swa_rows[2] = c.swa_rows(hca_swa_rows, "hca_swa_rows", block_size);
-  c.same_units(p.swa_rows[0], p.swa_rows[1], "csa_swa_rows");
-  c.same_units(p.swa_rows[0], p.swa_rows[2], "hca_swa_rows");
+  // Only the outputs written share the units (an SWA-only call's CSA and HCA
+  // constants are not used, whatever they are).
+  if (csa_indices.has_value()) c.same_units(p.swa_rows[0], p.swa_rows[1], "csa_swa_rows");
+  if (hca_indices.has_value()) c.same_units(p.swa_rows[0], p.swa_rows[2], "hca_swa_rows");
   return p;
 }
 
@@ -341,7 +346,7 @@ kernels::RowCopyParams check(c10::DeviceType device_type, const ApplyRowCopies::
   TORCH_CHECK_VALUE(planes.size() <= static_cast<size_t>(kernels::kMaxPlanes), op, ": planes must hold at most ",
                     kernels::kMaxPlanes, " tensors, got ", planes.size());
   c.matrix(copies, "copies", "[max_copies, 3]", -1);
-  TORCH_CHECK_VALUE(copies.size(1) == 3 && copies.stride(1) == 1 && (copies.size(0) <= 1 || copies.stride(0) == 3), op,
+  TORCH_CHECK_VALUE(copies.size(1) == 3 && copies.is_contiguous(), op,
                     ": copies must be a contiguous [max_copies, 3] tensor (src_row, dst_row, rows), got ",
                     copies.sizes(), " with strides ", copies.strides());
   p.copies = copies.data_ptr<int32_t>();
@@ -351,10 +356,10 @@ kernels::RowCopyParams check(c10::DeviceType device_type, const ApplyRowCopies::
   p.num_planes = static_cast<int32_t>(planes.size());
   for (size_t i = 0; i < planes.size(); ++i) {
     const at::Tensor& plane = planes[i];
-    c.same_device(plane, "planes");
-    TORCH_CHECK_VALUE(plane.dim() == 2 && plane.stride(1) == 1 && (plane.size(0) <= 1 || plane.stride(0) == plane.size(1)),
-                      op, ": planes[", i, "] must be a contiguous 2-D [rows, width] tensor, got ", plane.sizes(),
-                      " with strides ", plane.strides());
+    c.same_device(plane, ("planes[" + std::to_string(i) + "]").c_str());
+    TORCH_CHECK_VALUE(plane.dim() == 2 && plane.is_contiguous(), op, ": planes[", i,
+                      "] must be a contiguous 2-D [rows, width] tensor, got ", plane.sizes(), " with strides ",
+                      plane.strides());
     TORCH_CHECK_VALUE(i == 0 || plane.size(0) == planes[0].size(0), op, ": every plane must have planes[0]'s ",
                       planes[0].size(0), " rows, planes[", i, "] has ", plane.size(0));
     p.planes[i] = static_cast<uint8_t*>(plane.data_ptr());

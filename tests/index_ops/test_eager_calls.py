@@ -1,17 +1,22 @@
 """The eager fast path of the index ops (ukv_torch/_eager.py, csrc/eager_calls.cpp)
 must be indistinguishable from torch.ops: same results, same errors, and the
 Python path wherever only it is right (tensor subclasses, TorchFunctionModes,
-Dynamo)."""
+Dynamo). Int lists (the SWA row constants) and tensor lists (the planes of
+apply_row_copies), as lists or tuples, take the fast path."""
+import numpy as np
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+import ukv_torch
 from ukv_torch import _C
 from ukv_torch._eager import EagerOp
 from support.devices import DEVICES
-from support.index_calls import op_label, op_of, valid_calls
+from support.index_calls import op_label, op_of, outputs_of, valid_calls
 
 CALLS = list(valid_calls("cpu"))
+LIST_CALLS = ["paged_decode_indices@rows", "paged_prefill_indices@rows", "swa_slot_mapping@rows",
+              "apply_row_copies"]
 
 
 def positional(call_name, tensors, scalars):
@@ -21,22 +26,32 @@ def positional(call_name, tensors, scalars):
                  for a in op_of(call_name).default._schema.arguments)
 
 
-def mutated(tensors):
-    return {name: t for name, t in tensors.items() if name.endswith(("_indices", "_indptr", "_count"))
-            and t is not None}
+def mutated(call_name, tensors):
+    return outputs_of(call_name, tensors)
 
 
-def run_both(call_name, device, wrap=lambda t: t):
-    """Outputs after the eager path and after torch.ops, from equal inputs."""
+def run_both(call_name, device, wrap=lambda t: t, convert=lambda a: a):
+    """Outputs after the eager path and after torch.ops, from equal inputs.
+    wrap: applied to each tensor argument of the eager call, convert: to
+    each argument (after wrap). Index outputs start as -7; the planes keep
+    their contents, which the copies move."""
     ours, theirs = valid_calls(device)[call_name], valid_calls(device)[call_name]
-    for t in mutated(ours[0]).values():
-        t.fill_(-7)
-    for t in mutated(theirs[0]).values():
-        t.fill_(-7)
+    for call in (ours, theirs):
+        for name, t in mutated(call_name, call[0]).items():
+            if "[" not in name:
+                t.fill_(-7)
     eager = EagerOp(op_label(call_name))
-    eager(*(wrap(a) if isinstance(a, torch.Tensor) else a for a in positional(call_name, *ours)))
+    wrapped = lambda a: wrap(a) if isinstance(a, torch.Tensor) else (  # noqa: E731
+        [wrap(t) for t in a] if isinstance(a, list) and a and isinstance(a[0], torch.Tensor) else a)
+    eager(*(convert(wrapped(a)) for a in positional(call_name, *ours)))
     op_of(call_name).default(**theirs[0], **theirs[1])
-    return mutated(ours[0]), mutated(theirs[0])
+    return mutated(call_name, ours[0]), mutated(call_name, theirs[0])
+
+
+def assert_same_outputs(ours, theirs):
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), name
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -46,9 +61,87 @@ def test_fast_path_runs_and_matches_torch_ops(device, call_name):
     handle = EagerOp(op_label(call_name)).handle
     assert _C.eager_call(handle, positional(call_name, tensors, scalars)) is True
     ours, theirs = run_both(call_name, device)
-    assert ours.keys() == theirs.keys()
-    for name in ours:
-        assert torch.equal(ours[name], theirs[name]), name
+    assert_same_outputs(ours, theirs)
+
+
+def as_tuples(a):
+    return tuple(a) if isinstance(a, list) else a
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("call_name", LIST_CALLS)
+@pytest.mark.parametrize("container", ["list", "tuple"])
+def test_lists_and_tuples_take_the_fast_path(device, call_name, container):
+    """int[] and Tensor[] arguments given as lists or tuples: the fast path
+    runs the call (no fallback) with the results of torch.ops."""
+    convert = as_tuples if container == "tuple" else (lambda a: a)
+    tensors, scalars = valid_calls(device)[call_name]
+    args = tuple(convert(a) for a in positional(call_name, tensors, scalars))
+    assert any(isinstance(a, (list, tuple)) and a for a in args)
+    assert _C.eager_call(EagerOp(op_label(call_name)).handle, args) is True
+    assert_same_outputs(*run_both(call_name, device, convert=convert))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_wrappers_take_tuples(device):
+    tensors, scalars = valid_calls(device)["apply_row_copies"]
+    expected = [p.clone() for p in tensors["planes"]]
+    torch.ops.ukv.apply_row_copies.default(expected, tensors["copies"], tensors["copy_counts"])
+    ukv_torch.apply_row_copies(tuple(tensors["planes"]), tensors["copies"], tensors["copy_counts"])
+    assert all(torch.equal(p, e) for p, e in zip(tensors["planes"], expected))
+    tensors, scalars = valid_calls(device)["swa_slot_mapping@rows"]
+    expected = tensors["slot_mapping"].clone()
+    torch.ops.ukv.swa_slot_mapping.default(**{**tensors, "slot_mapping": expected}, **scalars)
+    ukv_torch.swa_slot_mapping(*(tensors[n] for n in ("swa_block_table", "positions", "batch_id", "slot_mapping")),
+                               block_size=scalars["block_size"], swa_rows=tuple(scalars["swa_rows"]))
+    assert torch.equal(tensors["slot_mapping"], expected)
+
+
+# A list argument only the Python path takes: an element that is not an exact
+# int (a bool, a numpy int, a float) or not an exact tensor (a subclass, an int).
+LIST_FALLBACKS = {
+    "numpy_int": ("swa_slot_mapping@rows", "swa_rows", lambda v: [np.int64(x) for x in v]),
+    "bool": ("paged_decode_indices@rows", "csa_swa_rows", lambda v: [v[0], v[1], v[2], True, True]),
+    "float": ("paged_prefill_indices@rows", "hca_swa_rows", lambda v: [float(x) for x in v]),
+    "int_subclass": ("swa_slot_mapping@rows", "swa_rows", lambda v: [IntLike(x) for x in v]),
+    "tensor_subclass": ("apply_row_copies", "planes", lambda v: [v[0], v[1].as_subclass(Tagged), v[2]]),
+    "not_a_tensor": ("apply_row_copies", "planes", lambda v: [v[0], 3]),
+    "nested": ("apply_row_copies", "planes", lambda v: [v[:1], v[1:]]),
+}
+
+
+class IntLike(int):
+    """An int subclass: not an exact int."""
+
+
+def errors_or_outputs(fn, call_name, tensors):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 (the comparison is of whatever it raised)
+        return "raised", type(exc), str(exc).splitlines()[0]
+    return "ran", {n: t.clone() for n, t in outputs_of(call_name, tensors).items()}
+
+
+@pytest.mark.parametrize("label", list(LIST_FALLBACKS))
+def test_lists_the_fast_path_declines_behave_as_torch_ops(label):
+    call_name, name, change = LIST_FALLBACKS[label]
+    results = []
+    for path in ("eager", "torch.ops"):
+        tensors, scalars = valid_calls("cpu")[call_name]
+        given = {**tensors, **scalars}
+        given[name] = change(given[name])
+        args = positional(call_name, {n: given[n] for n in tensors}, {n: given[n] for n in scalars})
+        if path == "eager":
+            assert _C.eager_call(EagerOp(op_label(call_name)).handle, args) is False
+            fn = lambda: EagerOp(op_label(call_name))(*args)  # noqa: E731
+        else:
+            fn = lambda: op_of(call_name).default(**given)  # noqa: E731
+        results.append(errors_or_outputs(fn, call_name, tensors))
+    if results[0][0] == "raised":
+        assert results[0] == results[1]
+    else:
+        assert results[1][0] == "ran"
+        assert_same_outputs(results[0][1], results[1][1])
 
 
 class CountingMode(TorchFunctionMode):
@@ -74,15 +167,14 @@ class Tagged(torch.Tensor):
     """A subclass with its own __torch_function__ (the default one)."""
 
 
-@pytest.mark.parametrize("call_name", ["csa_translate_pack", "paged_prefill_indices"])
+@pytest.mark.parametrize("call_name", ["csa_translate_pack", "paged_prefill_indices", "apply_row_copies"])
 def test_tensor_subclasses_take_the_python_path_with_the_same_result(call_name):
     tensors, scalars = valid_calls("cpu")[call_name]
     args = tuple(a.as_subclass(Tagged) if isinstance(a, torch.Tensor) else a
                  for a in positional(call_name, tensors, scalars))
     assert _C.eager_call(EagerOp(op_label(call_name)).handle, args) is False
     ours, theirs = run_both(call_name, "cpu", wrap=lambda t: t.as_subclass(Tagged))
-    for name in ours:
-        assert torch.equal(ours[name], theirs[name]), name
+    assert_same_outputs(ours, theirs)
 
 
 def errors_of(fn):

@@ -4,8 +4,9 @@ whose guard cells must stay untouched, whatever the inputs.
 
   * Random decode and prefill steps (sequence counts, contexts, chunk and
     MTP lengths, padding, windows, block sizes, top-k widths, both layouts,
-    int32/int64 positions, strided tables, zero-token batches) give exactly the
-    per-token reference of ukv_torch/testing/index_reference.py.
+    random row-space constants and block strides, int32/int64 positions,
+    strided tables, zero-token batches) give exactly the per-token reference
+    of ukv_torch/testing/index_reference.py.
   * One argument of one op is then changed: a wrong dtype, rank, device
     (meta) or a non-contiguous vector is refused with an error naming the op
     and the argument; a table in another memory layout gives the same result
@@ -34,7 +35,7 @@ from ukv_torch.testing.allocator_model import reference_layer_rows
 
 STEP_SHAPES = dict(window=st.sampled_from([1, 3, 64, 128, 200]), block_size=st.sampled_from([128, 256, 384]),
                    index_topk=st.sampled_from([1, 4, 64]), unified=st.booleans(),
-                   num_padding=st.integers(0, 3), seed=st.integers(0, 2**16))
+                   num_padding=st.integers(0, 3), seed=st.integers(0, 2**16), row_space=st.booleans())
 LAYOUTS = dict(positions_dtype=st.sampled_from([torch.int32, torch.int64]), strided_tables=st.booleans())
 
 
@@ -86,7 +87,8 @@ def is_matrix(name):
 
 
 def is_output(name, call_name):
-    return name.endswith("_indices") or call_name.endswith("_metadata") and name.endswith(("_indptr", "_count"))
+    return (name.endswith("_indices") or name == "slot_mapping"
+            or call_name.endswith("_metadata") and name.endswith(("_indptr", "_count")))
 
 
 def refusal(exc, fragment):
@@ -110,6 +112,8 @@ def change_tensor(data, call_name, name, t):
         return (t.flatten() if t.dim() == 2 else t.unsqueeze(0)), refusal(ValueError, "must (be|have)")
     if kind == "meta":
         return t.to("meta"), refusal(RuntimeError, f"must be on {t.device}")
+    if kind == "stride" and name == "copies":  # every other column group of a wider matrix
+        return torch.cat([t, t], dim=1)[:, :3], refusal(ValueError, r"must be a contiguous \[max_copies, 3\]")
     if kind == "stride":
         return torch.repeat_interleave(t, 2)[::2], refusal(ValueError, "must be contiguous")
     if kind == "layout":  # column-major, or the leading columns of a wider table
@@ -162,10 +166,10 @@ def test_one_changed_tensor_argument_is_refused_or_harmless(device):
     @given(decode=decode_steps(), prefill=prefill_steps(), call_name=st.sampled_from(CALL_NAMES), data=st.data())
     def case(decode, prefill, call_name, data):
         tensors, _ = valid_calls(device, decode, prefill)[call_name]
-        names = sorted(n for n, t in tensors.items() if t is not None)
+        names = sorted(n for n, t in tensors.items() if isinstance(t, torch.Tensor))  # not the planes list
         # batch_id and the tables more often: their changes are the ones that must still give results
-        name = data.draw(st.sampled_from(names + ["batch_id"] * 3 + [n for n in names if is_matrix(n)] * 2),
-                         label="argument")
+        name = data.draw(st.sampled_from(names + [n for n in names if n == "batch_id"] * 3
+                                         + [n for n in names if is_matrix(n)] * 2), label="argument")
         changed, expectation = change_tensor(data, call_name, name, tensors[name])
         outcomes[expectation[0]] += 1
         with_change = lambda value: lambda ts, ss: ({**ts, name: value}, ss)  # noqa: E731
@@ -192,6 +196,12 @@ BAD_SCALARS = {
     "index_topk": [-1, 2**31],
     "csa_ratio": [0, -1, 2**31],
     "hca_ratio": [0, -1, 2**31],
+    "block_stride": [0, -1, 2**31, -(2**63)],  # below every k, or past int32
+    "hca_block_stride": [0, -5, 2**31],
+    # wrong length, a field out of its domain, a group that does not divide the page
+    **{name: [[128], [], [0, 128, 0, 128, 128], [128, 0, 0, 128, 128], [128, 128, -1, 128, 128],
+              [128, 128, 0, 0, 128], [128, 128, 0, 128, 2**31], [128, 128, 0, 3, 3]]
+       for name in ("swa_rows", "csa_swa_rows", "hca_swa_rows")},
 }
 DEFAULTED_SCALARS = {"csa_translate_pack": ["compress_ratio"], "hca_decode_indices": ["compress_ratio"],
                      "paged_prefill_indices": ["compress_ratio"], "decode_index_metadata": ["csa_ratio"],
@@ -200,22 +210,25 @@ DEFAULTED_SCALARS = {"csa_translate_pack": ["compress_ratio"], "hca_decode_indic
 
 def scalar_names(call_name, scalars):
     names = list(scalars) + DEFAULTED_SCALARS.get(op_label(call_name), [])
-    return sorted(n for n in names if n != "window" or call_name != "csa_translate_pack_prefill")
+    return sorted(n for n in names if n != "window" or not call_name.startswith("csa_translate_pack_prefill"))
+
+
+# Every (call, scalar) pair, drawn uniformly: a scalar only the row-space calls take is drawn as often as any.
+SCALAR_PAIRS = [(c, n) for c in CALL_NAMES for n in scalar_names(c, valid_calls("cpu")[c][1])]
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_out_of_domain_scalars_are_refused_naming_them(device):
     refused = Counter()
 
-    @fuzz_settings(150)
-    @given(call_name=st.sampled_from(CALL_NAMES), data=st.data())
-    def case(call_name, data):
-        _, scalars = valid_calls(device)[call_name]
-        name = data.draw(st.sampled_from(scalar_names(call_name, scalars)), label="scalar")
+    @fuzz_settings(300)
+    @given(pair=st.sampled_from(SCALAR_PAIRS), data=st.data())
+    def case(pair, data):
+        call_name, name = pair
         value = data.draw(st.sampled_from(BAD_SCALARS[name]), label="value")
         refused[name] += 1
         expect_refusal(device, call_name, None, None, lambda ts, ss: (ts, {**ss, name: value}), ValueError,
-                       rf".*{name}")
+                       rf".*\b{name}\b")
 
     case()
     assert set(refused) == set(BAD_SCALARS)
@@ -245,6 +258,34 @@ def test_bind_compress_view_addresses_rows_or_refuses(rows, cols, pad, dtype, ba
     assert torch.equal(as_bytes(view.reshape(len(rows_of), cols)), as_bytes(kv[rows_of]))
     if view.numel():
         assert view.untyped_storage().data_ptr() == kv.untyped_storage().data_ptr()  # an alias, not a copy
+
+
+@given(rows=st.integers(0, 1100), cols=st.integers(0, 5), pad=st.integers(0, 3), dtype=st.sampled_from(VIEW_DTYPES),
+       base=st.one_of(st.integers(-3, 1200), st.sampled_from([0, 128, 256])),
+       ratio=st.sampled_from([0, 1, 3, 4, 64, 128]), block_size=st.sampled_from([0, 128, 256]),
+       stride=st.one_of(st.integers(-2, 700), st.sampled_from([2**31 - 1, 2**31, 2**40, -(2**63)])))
+@fuzz_settings(300)
+def test_bind_compress_view_with_a_block_stride_addresses_rows_or_refuses(rows, cols, pad, dtype, base, ratio,
+                                                                         block_size, stride):
+    """view[c, s] is row base + c * stride + s for every block whose k rows lie in the tensor."""
+    kv = torch.arange(rows * (cols + pad), dtype=torch.float32).reshape(rows, cols + pad).to(dtype)[:, :cols]
+    k = block_size // ratio if block_size > 0 and ratio > 0 and block_size % ratio == 0 else None
+    if k is None or not 0 <= base <= rows or not k <= stride < 2**31:
+        with pytest.raises(ValueError,
+                           match="^bind_compress_view: .*(compress_ratio|block_size|compress_base|block_stride)"):
+            ukv_torch.bind_compress_view(kv, compress_base=base, compress_ratio=ratio, block_size=block_size,
+                                         block_stride=stride)
+        return
+    view = ukv_torch.bind_compress_view(kv, compress_base=base, compress_ratio=ratio, block_size=block_size,
+                                        block_stride=stride)
+    blocks = 0 if rows - base < k else (rows - base - k) // stride + 1
+    assert view.shape == (blocks, k, cols)
+    assert base + (blocks - 1) * stride + k <= rows and (blocks == 0 or base + blocks * stride + k > rows)
+    rows_of = [base + c * stride + s for c in range(blocks) for s in range(k)]
+    as_bytes = lambda t: t.contiguous().view(torch.uint8)  # noqa: E731
+    assert torch.equal(as_bytes(view.reshape(len(rows_of), cols)), as_bytes(kv[rows_of]))
+    if view.numel():
+        assert view.untyped_storage().data_ptr() == kv.untyped_storage().data_ptr()
 
 
 @given(ratios=st.lists(st.sampled_from([0, 4, 128, 3, -4, 256]), max_size=4), num_swa=st.integers(-1, 40),

@@ -1,5 +1,7 @@
-"""torch.library.opcheck for every op: schema honesty (what is mutated is
-declared), fake kernels, autograd registration and AOT dispatch."""
+"""torch.library.opcheck for every op, the row-space arguments included (the
+@rows calls of support.index_calls, bind_compress_view with a block stride):
+schema honesty (what is mutated is declared), fake kernels, autograd
+registration and AOT dispatch."""
 import pytest
 import torch
 
@@ -22,3 +24,12 @@ def test_opcheck_bind_compress_view(device, base, ratio):
     kv = torch.randn(1024, 16, device=device)
     torch.library.opcheck(torch.ops.ukv.bind_compress_view.default, (kv,),
                           {"compress_base": base, "compress_ratio": ratio, "block_size": 128})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("base,ratio,stride", [(0, 4, 32), (0, 4, 100), (7, 4, 1000), (100, 128, 3), (1024, 4, 40),
+                                               (1000, 4, 2**31 - 1)])
+def test_opcheck_bind_compress_view_with_a_block_stride(device, base, ratio, stride):
+    kv = torch.randn(1024, 16, device=device)
+    torch.library.opcheck(torch.ops.ukv.bind_compress_view.default, (kv,),
+                          {"compress_base": base, "compress_ratio": ratio, "block_size": 128, "block_stride": stride})

@@ -1,7 +1,9 @@
 """Each index op on its own against the reference, on the shapes a whole step
 does not reach: strided and wide top-k, large batches (the GPU's large-batch
 configuration), unaligned outputs (the vector-store head and tail), SWA-only
-decode, maximal and long HCA sections, and the decode-metadata edge cases."""
+decode, maximal and long HCA sections, and the decode-metadata edge cases;
+the compress ops with the row-space layout's block strides too (k, or k plus
+an envelope's other rows) and the paged ops with its SWA row constants."""
 import random
 from types import SimpleNamespace
 
@@ -23,10 +25,19 @@ def decode_indptrs(step):
     return ref.decode_metadata(step.positions, step.batch_id, step.n_csa, step.n_hca, step.window, step.index_topk)
 
 
+# The compress ops' block stride: None (k), or k plus this many rows.
+STRIDE_EXTRA = [None, 0, 37]
+
+
+def stride_of(extra, k):
+    return None if extra is None else k + extra
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["contiguous", "row_padded", "column_major"])
 @pytest.mark.parametrize("offset", [0, 1, 2, 3])
-def test_csa_translate_pack_decode(device, layout, offset):
+@pytest.mark.parametrize("extra", STRIDE_EXTRA)
+def test_csa_translate_pack_decode(device, layout, offset, extra):
     rng = random.Random(offset)
     step = make_decode_step(rng, contexts=[1, 2, 3, 4, 17, 900, 5000, 9000], q_lens=[1, 1, 1, 2, 1, 3, 1, 2],
                             num_padding=2, index_topk=1200, unified=offset % 2 == 0)
@@ -38,12 +49,13 @@ def test_csa_translate_pack_decode(device, layout, offset):
         topk, table = topk.t().contiguous().t(), table.t().contiguous().t()
     _, csa_ptr, _ = decode_indptrs(step)
     out = unaligned_output(csa_ptr[-1] + 6, offset, device)
+    stride = stride_of(extra, step.csa_k)
     ukv_torch.csa_translate_pack(topk, table, x.positions, x.batch_id, torch.tensor(csa_ptr, dtype=torch.int32,
                                  device=device), out, compress_base=step.compress_base, window=step.window,
-                                 block_size=step.block_size)
+                                 block_size=step.block_size, block_stride=stride)
     expected = reference_buffer(csa_ptr)
     ref.csa_translate_pack(expected, step.topk, step.csa_table, step.positions, step.batch_id, csa_ptr, None,
-                           step.window, step.compress_base, step.csa_k)
+                           step.window, step.compress_base, step.csa_k, stride)
     assert out.tolist() == expected
 
 
@@ -64,7 +76,8 @@ def test_csa_translate_pack_zero_valid_topk(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("offset", [0, 3])
-def test_large_decode_batch(device, offset):
+@pytest.mark.parametrize("extra", STRIDE_EXTRA)
+def test_large_decode_batch(device, offset, extra):
     """More tokens than the small-batch threshold: the GPU's bandwidth configuration."""
     rng = random.Random(2)
     contexts = [rng.randint(4000, 9000) for _ in range(700)]
@@ -73,39 +86,43 @@ def test_large_decode_batch(device, offset):
     swa_ptr, csa_ptr, hca_ptr = (torch.tensor(p, dtype=torch.int32, device=device) for p in decode_indptrs(step))
     csa = unaligned_output(int(csa_ptr[-1]) + 6, offset, device)
     hca = unaligned_output(int(hca_ptr[-1]) + 6, offset, device)
+    csa_stride, hca_stride = stride_of(extra, step.csa_k), stride_of(extra, step.hca_k)
     ukv_torch.csa_translate_pack(x.topk, x.csa_table, x.positions, x.batch_id, csa_ptr, csa,
-                                 compress_base=step.compress_base, window=step.window, block_size=step.block_size)
+                                 compress_base=step.compress_base, window=step.window, block_size=step.block_size,
+                                 block_stride=csa_stride)
     ukv_torch.hca_decode_indices(x.hca_table, x.batch_id, x.n_hca, hca_ptr, hca, compress_base=step.compress_base,
-                                 block_size=step.block_size)
+                                 block_size=step.block_size, block_stride=hca_stride)
     expected_csa, expected_hca = reference_buffer(csa_ptr.tolist()), reference_buffer(hca_ptr.tolist())
     ref.csa_translate_pack(expected_csa, step.topk, step.csa_table, step.positions, step.batch_id, csa_ptr.tolist(),
-                           None, step.window, step.compress_base, step.csa_k)
+                           None, step.window, step.compress_base, step.csa_k, csa_stride)
     ref.hca_decode_indices(expected_hca, step.hca_table, step.batch_id, step.n_hca, hca_ptr.tolist(),
-                           step.compress_base, step.hca_k)
+                           step.compress_base, step.hca_k, hca_stride)
     assert csa.tolist() == expected_csa
     assert hca.tolist() == expected_hca
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_paged_decode_swa_only(device):
+@pytest.mark.parametrize("row_space", [False, True], ids=["slots", "row_space"])
+def test_paged_decode_swa_only(device, row_space):
     """SWA-only (MTP draft) layers pass no CSA/HCA buffers."""
     rng = random.Random(3)
-    step = make_decode_step(rng, contexts=[1, 50, 128, 129, 1000], num_padding=3, window=128)
+    step = make_decode_step(rng, contexts=[1, 50, 128, 129, 1000], num_padding=3, window=128, row_space=row_space)
     x = step.tensors(device)
     swa_ptr, _, _ = decode_indptrs(step)
     out = output_buffer(swa_ptr, device)
     ukv_torch.paged_decode_indices(x.swa_table, x.positions, x.batch_id,
                                    torch.tensor(swa_ptr, dtype=torch.int32, device=device), out, window=step.window,
-                                   block_size=step.block_size)
+                                   block_size=step.block_size, swa_rows=step.swa_rows_of("swa"))
     expected = reference_buffer(swa_ptr)
     ref.paged_decode_indices([(swa_ptr, expected)], step.swa_table, step.positions, step.batch_id, step.window,
-                             step.block_size)
+                             step.block_size, [step.swa_rows_of("swa")])
     assert out.tolist() == expected
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("offset", [0, 1, 2, 3])
-def test_hca_decode_maximal_and_long(device, offset):
+@pytest.mark.parametrize("extra", STRIDE_EXTRA)
+def test_hca_decode_maximal_and_long(device, offset, extra):
     """Every table column committed (n_hca == table width), at a small and a long
     table (the GPU splits a long section over several blocks at small batches)."""
     rng = random.Random(4)
@@ -116,20 +133,24 @@ def test_hca_decode_maximal_and_long(device, offset):
         x = step.tensors(device)
         _, _, hca_ptr = decode_indptrs(step)
         out = unaligned_output(hca_ptr[-1] + 6, offset, device)
+        stride = stride_of(extra, step.hca_k)
         ukv_torch.hca_decode_indices(x.hca_table, x.batch_id, x.n_hca,
                                      torch.tensor(hca_ptr, dtype=torch.int32, device=device), out,
-                                     compress_base=step.compress_base, block_size=step.block_size)
+                                     compress_base=step.compress_base, block_size=step.block_size,
+                                     block_stride=stride)
         expected = reference_buffer(hca_ptr)
         ref.hca_decode_indices(expected, step.hca_table, step.batch_id, step.n_hca, hca_ptr, step.compress_base,
-                               step.hca_k)
+                               step.hca_k, stride)
         assert out.tolist() == expected
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_prefill_long_chunk_at_long_prefix(device):
+@pytest.mark.parametrize("row_space", [False, True], ids=["slots", "row_space"])
+def test_prefill_long_chunk_at_long_prefix(device, row_space):
     """A chunk late in a long context: long HCA runs after the SWA prefix head."""
     rng = random.Random(5)
-    step = make_prefill_step(rng, prefixes=[20000, 0], chunk_lens=[300, 130], index_topk=64, unified=False)
+    step = make_prefill_step(rng, prefixes=[20000, 0], chunk_lens=[300, 130], index_topk=64, unified=False,
+                             row_space=row_space)
     from support.index_steps import op_prefill, reference_prefill
     assert op_prefill(step, device, strided_tables=True) == reference_prefill(step)
 

@@ -1,6 +1,7 @@
 """Whole decode and prefill steps through the ops == the per-token reference,
 and every reserved cell written (the slices exactly match what the builders
-reserve, H-f)."""
+reserve, H-f); in the slot layouts and with random row-space arguments (each
+output class's SWA rows, the compress block strides)."""
 import random
 
 import pytest
@@ -24,15 +25,20 @@ def random_contexts(rng, n, max_ctx):
     return [rng.choice(edge) if rng.random() < 0.4 else rng.randint(1, max_ctx) for _ in range(n)]
 
 
+ROW_SPACE = [False, True]
+ROW_SPACE_IDS = ["slots", "row_space"]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("unified", [True, False], ids=["unified", "static"])
 @pytest.mark.parametrize("seed", range(4))
-def test_decode_step(device, unified, seed):
+@pytest.mark.parametrize("row_space", ROW_SPACE, ids=ROW_SPACE_IDS)
+def test_decode_step(device, unified, seed, row_space):
     rng = random.Random(seed)
     n = rng.randint(1, 12)
     step = make_decode_step(rng, contexts=random_contexts(rng, n, 4000), q_lens=[rng.choice([1, 1, 2, 3])
                             for _ in range(n)], num_padding=rng.randint(0, 5), index_topk=rng.choice([16, 64, 1024]),
-                            window=rng.choice([128, 20]), unified=unified)
+                            window=rng.choice([128, 20]), unified=unified, row_space=row_space)
     result = op_decode(step, device, positions_dtype=rng.choice([torch.int32, torch.int64]),
                        strided_tables=rng.random() < 0.5)
     assert result == reference_decode(step)
@@ -42,13 +48,15 @@ def test_decode_step(device, unified, seed):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("unified", [True, False], ids=["unified", "static"])
 @pytest.mark.parametrize("seed", range(4))
-def test_prefill_step(device, unified, seed):
+@pytest.mark.parametrize("row_space", ROW_SPACE, ids=ROW_SPACE_IDS)
+def test_prefill_step(device, unified, seed, row_space):
     rng = random.Random(100 + seed)
     n = rng.randint(1, 5)
     prefixes = [rng.choice([0, 0, 1, 100, 127, 128, 129, rng.randint(1, 3000)]) for _ in range(n)]
     chunk_lens = [rng.choice([1, 2, rng.randint(1, 300)]) for _ in range(n)]
     step = make_prefill_step(rng, prefixes=prefixes, chunk_lens=chunk_lens, num_padding=rng.randint(0, 4),
-                             index_topk=rng.choice([16, 64, 1024]), window=rng.choice([128, 20]), unified=unified)
+                             index_topk=rng.choice([16, 64, 1024]), window=rng.choice([128, 20]), unified=unified,
+                             row_space=row_space)
     result = op_prefill(step, device, positions_dtype=rng.choice([torch.int32, torch.int64]),
                         strided_tables=rng.random() < 0.5)
     assert result == reference_prefill(step)
@@ -79,10 +87,11 @@ def test_prefill_block_size_256(device):
 # reciprocal multiplication differs most from a shift.
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("unified", [True, False], ids=["unified", "static"])
-def test_decode_non_power_of_two_block_size(device, unified):
+@pytest.mark.parametrize("row_space", ROW_SPACE, ids=ROW_SPACE_IDS)
+def test_decode_non_power_of_two_block_size(device, unified, row_space):
     rng = random.Random(11)
     step = make_decode_step(rng, contexts=[1, 383, 384, 385, 1000, 5000], q_lens=[1, 2, 1, 3, 1, 2], num_padding=2,
-                            block_size=384, index_topk=1024, unified=unified)
+                            block_size=384, index_topk=1024, unified=unified, row_space=row_space)
     result = op_decode(step, device, strided_tables=True)
     assert result == reference_decode(step)
     assert_every_reserved_cell_written(result, ("swa", "csa", "hca"))
@@ -90,10 +99,11 @@ def test_decode_non_power_of_two_block_size(device, unified):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("unified", [True, False], ids=["unified", "static"])
-def test_prefill_non_power_of_two_block_size(device, unified):
+@pytest.mark.parametrize("row_space", ROW_SPACE, ids=ROW_SPACE_IDS)
+def test_prefill_non_power_of_two_block_size(device, unified, row_space):
     rng = random.Random(12)
     step = make_prefill_step(rng, prefixes=[0, 383, 1500], chunk_lens=[400, 300, 130], num_padding=1,
-                             block_size=384, index_topk=64, unified=unified)
+                             block_size=384, index_topk=64, unified=unified, row_space=row_space)
     result = op_prefill(step, device)
     assert result == reference_prefill(step)
     assert_every_reserved_cell_written(result, PREFILL_BUFFERS)

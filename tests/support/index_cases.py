@@ -35,10 +35,29 @@ class Step:
     query_start: List[int] = field(default_factory=list)
     csa_ratio: int = 4
     hca_ratio: int = 128
+    # The row-space layout's constants (RowSpaceArgs); None: the slot layouts.
+    row_space: Optional["RowSpaceArgs"] = None
 
     @property
     def num_seqs(self):
         return len(self.swa_table)
+
+    def swa_rows_of(self, name):
+        """The SWA row constants of output 'swa', 'csa' or 'hca' (None: plain)."""
+        return None if self.row_space is None else self.row_space.swa_rows_of(name)
+
+    @property
+    def csa_stride(self):
+        return None if self.row_space is None else self.row_space.csa_stride
+
+    @property
+    def hca_stride(self):
+        return None if self.row_space is None else self.row_space.hca_stride
+
+    def swa_rows_kwargs(self, row_space=None):
+        """swa_rows / csa_swa_rows / hca_swa_rows of the paged ops: of row_space if
+        given, else the step's (all None in the slot layouts)."""
+        return swa_rows_kwargs(row_space or self.row_space)
 
     @property
     def csa_k(self):
@@ -82,6 +101,60 @@ class Step:
         )
 
 
+# The outputs of the paged ops and the prefix of their swa_rows arguments.
+OUTPUT_PREFIXES = {"swa": "", "csa": "csa_", "hca": "hca_"}
+
+
+@dataclass
+class RowSpaceArgs:
+    """The row-space arguments of a step: each output class's SWA row
+    constants [page, unit_rows, offset, group, group_stride] (None: the slot
+    formula, allowed where page and unit_rows are block_size) and the CSA and
+    HCA block strides (None: k)."""
+
+    swa_rows: Optional[List[int]]
+    csa_swa_rows: Optional[List[int]]
+    hca_swa_rows: Optional[List[int]]
+    csa_stride: Optional[int]
+    hca_stride: Optional[int]
+    page: int
+
+    def swa_rows_of(self, name):
+        return getattr(self, OUTPUT_PREFIXES[name] + "swa_rows")
+
+
+def swa_rows_kwargs(row_space):
+    """swa_rows / csa_swa_rows / hca_swa_rows of the paged ops for RowSpaceArgs (None: all None)."""
+    return {f"{prefix}swa_rows": None if row_space is None else row_space.swa_rows_of(name)
+            for name, prefix in OUTPUT_PREFIXES.items()}
+
+
+def divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def random_class_rows(rng, page, unit_rows):
+    """One layer class's valid constants in units of (page, unit_rows)."""
+    group = rng.choice([page, 1] + divisors(page))
+    group_stride = rng.choice([group, group + rng.randint(1, 9), rng.randint(1, 3 * group)])
+    return [page, unit_rows, rng.randint(0, 2 * unit_rows), group, group_stride]
+
+
+def random_row_space(rng, block_size, csa_k, hca_k, *, page=None):
+    """Random valid row-space arguments: one page and unit size, each class
+    its own offset, group and group stride (so the three outputs' rows
+    differ), sometimes a class in the slot formula (when page and unit rows
+    are block_size), block strides of k or an envelope past it."""
+    page = page or rng.choice([block_size, block_size, 16, 32, 48, 64, 96, 2 * block_size])
+    unit_rows = rng.choice([page, block_size, 3 * page, 3 * page + rng.randint(1, 50), rng.randint(1, 4 * page)])
+    plain_ok = page == block_size and unit_rows == block_size
+    sets = [None if plain_ok and rng.random() < 0.3 else random_class_rows(rng, page, unit_rows) for _ in range(3)]
+
+    def stride(k):
+        return rng.choice([None, k, k + rng.randint(1, 3 * k + 8), k + rng.randint(1, 5000)])
+    return RowSpaceArgs(*sets, csa_stride=stride(csa_k), hca_stride=stride(hca_k), page=page)
+
+
 def output_buffer(indptr, device):
     """A sentinel-filled output for the slices of indptr (plus SLACK cells)."""
     return torch.full((indptr[-1] + SLACK,), SENTINEL, dtype=torch.int32, device=device)
@@ -93,6 +166,22 @@ def reference_buffer(indptr):
 
 def _random_table(rng, num_seqs, cols, num_ids):
     return [[rng.randrange(num_ids) for _ in range(cols)] for _ in range(num_seqs)]
+
+
+def _row_space_swa_table(rng, num_seqs, cols, num_ids, block_size, page):
+    """A staged SWA table of the row-space layout: as many pages of `page`
+    tokens as the slot table's cols blocks hold, plus one, and -1 for some
+    pages a sequence does not hold (the ops read such an entry as unit 0)."""
+    page_cols = -(-cols * block_size // page) + 1
+    return [[-1 if rng.random() < 0.15 else rng.randrange(num_ids) for _ in range(page_cols)]
+            for _ in range(num_seqs)]
+
+
+def _row_space_of(rng, row_space, block_size):
+    """row_space as given to a step maker: False / None, True (random), or RowSpaceArgs."""
+    if row_space is True:
+        return random_row_space(rng, block_size, block_size // 4, block_size // 128)
+    return row_space or None
 
 
 def _topk_rows(rng, step):
@@ -122,20 +211,28 @@ def _layout(rng, unified, block_size):
     return num_swa_blocks, base
 
 
+def _swa_table(rng, row_space, num_seqs, cols, num_swa_blocks, block_size):
+    if row_space is None:
+        return _random_table(rng, num_seqs, cols, num_swa_blocks)
+    return _row_space_swa_table(rng, num_seqs, cols, num_swa_blocks, block_size, row_space.page)
+
+
 def make_decode_step(rng: random.Random, *, contexts: List[int], q_lens: Optional[List[int]] = None,
                      num_padding=0, window=128, block_size=128, index_topk=64, unified=True,
-                     table_cols: Optional[int] = None) -> Step:
+                     table_cols: Optional[int] = None, row_space=None) -> Step:
     """A decode (or MTP verify, q_len > 1) step: sequence i has contexts[i] tokens
     after this forward and min(q_lens[i], contexts[i]) tokens in it; then
-    num_padding bid -1 tokens."""
+    num_padding bid -1 tokens. row_space: True for random row-space arguments
+    (random_row_space), or the RowSpaceArgs to use."""
     q_lens = [min(q, ctx) for q, ctx in zip(q_lens or [1] * len(contexts), contexts)]
+    row_space = _row_space_of(rng, row_space, block_size)
     num_swa_blocks, base = _layout(rng, unified, block_size)
     cols = table_cols or max(contexts) // block_size + 2
     n = len(contexts)
     step = Step(block_size=block_size, window=window, index_topk=index_topk, compress_base=base,
-                positions=[], batch_id=[], swa_table=_random_table(rng, n, cols, num_swa_blocks),
+                positions=[], batch_id=[], swa_table=_swa_table(rng, row_space, n, cols, num_swa_blocks, block_size),
                 csa_table=_random_table(rng, n, cols, 500), hca_table=_random_table(rng, n, cols, 500),
-                n_csa=[c // 4 for c in contexts], n_hca=[c // 128 for c in contexts], topk=[])
+                n_csa=[c // 4 for c in contexts], n_hca=[c // 128 for c in contexts], topk=[], row_space=row_space)
     for b, (ctx, q) in enumerate(zip(contexts, q_lens)):
         for i in range(q):
             step.positions.append(ctx - q + i)
@@ -144,18 +241,21 @@ def make_decode_step(rng: random.Random, *, contexts: List[int], q_lens: Optiona
 
 
 def make_prefill_step(rng: random.Random, *, prefixes: List[int], chunk_lens: List[int], num_padding=0,
-                      window=128, block_size=128, index_topk=64, unified=True) -> Step:
+                      window=128, block_size=128, index_topk=64, unified=True, table_cols: Optional[int] = None,
+                      row_space=None) -> Step:
     """A prefill forward: sequence i already has prefixes[i] tokens (cached prefix
-    or earlier chunks) and computes chunk_lens[i] more."""
+    or earlier chunks) and computes chunk_lens[i] more. row_space: as in
+    make_decode_step."""
+    row_space = _row_space_of(rng, row_space, block_size)
     num_swa_blocks, base = _layout(rng, unified, block_size)
     contexts = [p + c for p, c in zip(prefixes, chunk_lens)]
-    cols = max(contexts) // block_size + 2
+    cols = table_cols or max(contexts) // block_size + 2
     n = len(prefixes)
     step = Step(block_size=block_size, window=window, index_topk=index_topk, compress_base=base,
-                positions=[], batch_id=[], swa_table=_random_table(rng, n, cols, num_swa_blocks),
+                positions=[], batch_id=[], swa_table=_swa_table(rng, row_space, n, cols, num_swa_blocks, block_size),
                 csa_table=_random_table(rng, n, cols, 500), hca_table=_random_table(rng, n, cols, 500),
                 n_csa=[c // 4 for c in contexts], n_hca=[c // 128 for c in contexts], topk=[],
-                chunk_start=list(prefixes), query_start=[])
+                chunk_start=list(prefixes), query_start=[], row_space=row_space)
     row = 0
     for b, (prefix, length) in enumerate(zip(prefixes, chunk_lens)):
         step.query_start.append(row)
