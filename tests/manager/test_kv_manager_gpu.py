@@ -39,9 +39,10 @@ def test_captured_upload_and_gather_match_eager_across_changing_states():
     for step in range(150):
         if len(live) < ROWS and rng.random() < 0.5:
             toks = [rng.randrange(1, 1 << 20) for _ in range(rng.randrange(1, 600))]
-            if m.allocate(next_id, toks) >= 0:
-                m.ensure_for_tokens([next_id], [len(toks)])
-                m.commit_prefill([next_id], [len(toks)], [5])
+            cached = m.allocate(next_id, toks)
+            if cached >= 0:  # prefill the rest in one chunk
+                m.ensure_for_tokens([next_id], [len(toks) - cached])
+                m.commit_prefill([next_id], [len(toks) - cached], [5])
                 live.append(next_id)
             next_id += 1
         if live:
@@ -112,9 +113,10 @@ def test_captured_upload_and_decode_index_ops_match_eager_across_changing_states
     for step in range(120):
         if len(live) < ROWS and rng.random() < 0.6:
             toks = [rng.randrange(1, 1 << 20) for _ in range(rng.randrange(1, 900))]
-            if m.allocate(next_id, toks) >= 0:
-                m.ensure_for_tokens([next_id], [len(toks)])
-                m.commit_prefill([next_id], [len(toks)], [5])
+            cached = m.allocate(next_id, toks)
+            if cached >= 0:  # prefill the rest in one chunk
+                m.ensure_for_tokens([next_id], [len(toks) - cached])
+                m.commit_prefill([next_id], [len(toks) - cached], [5])
                 live.append(next_id)
             next_id += 1
         if not live:
