@@ -109,7 +109,9 @@ def run(plan: KvPlan, ratios, workload, seed: int, max_steps: int) -> dict:
     return server.finish_run().summary()
 
 
-FIGURES = ("budget_in_use_at_first_refusal", "tokens_per_step", "prefix_hit_rate", "admission_refusals",
+# peak_budget_in_use says how full the layout got where nothing was refused.
+FIGURES = ("budget_in_use_at_first_refusal", "peak_budget_in_use", "tokens_per_step", "prefix_hit_rate",
+           "admission_refusals",
            "preemptions", "moved_bytes_per_step_max", "moved_bytes_per_step_mean", "moved_fraction_mean",
            "requests_completed", "steps")
 
@@ -144,11 +146,12 @@ def run_scenario(name: str, layouts: List[str], log) -> dict:
 
 def table(result: dict) -> str:
     lines = [f"Scenario {result['scenario']} ({result['budget_bytes'] >> 20} MiB, seeds {result['seeds']})", "",
-             "| layout | budget in use @1st refusal | served tok/step | vs static | hit rate | refusals | preemptions "
-             "| relocated bytes/step max | mean | mean fraction of live KV |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| layout | budget in use @1st refusal | peak | served tok/step | vs static | hit rate | refusals "
+             "| preemptions | relocated bytes/step max | mean | mean fraction of live KV |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for layout, f in result["layouts"].items():
-        lines.append(f"| {layout} | {f['budget_in_use_at_first_refusal']} | {f['served_tokens_per_step']} | "
+        lines.append(f"| {layout} | {f['budget_in_use_at_first_refusal']} | {f['peak_budget_in_use']} | "
+                     f"{f['served_tokens_per_step']} | "
                      f"{f['ratio_to_static']} | {f['prefix_hit_rate']} | {f['admission_refusals']} | "
                      f"{f['preemptions']} | {f['moved_bytes_per_step_max']} | {f['moved_bytes_per_step_mean']} | "
                      f"{f['moved_fraction_mean']} |")

@@ -89,7 +89,9 @@ def check_tables_replicated(tables: torch.Tensor, rows: int, *,
         raise TablesDiverged(f"staged tables differ in shape: rank {first} has {list(d.expected)}, rank {d.rank} "
                              f"has {list(d.found)} (every rank must pass the same rows)", d)
     row, table, col = d.index
-    name = {0: "logical", 1: "SWA"}.get(table, f"compress type {table - 2}")
+    # The staged layout (table_index): logical, SWA, then the physical tables
+    # (one per compress type, or the row space's envelope table).
+    name = {0: "logical", 1: "SWA"}.get(table, f"physical table {table - 2}")
     raise TablesDiverged(f"staged tables differ: row {row}, {name} table, column {col}: rank {first} has "
                          f"{d.expected}, rank {d.rank} has {d.found}", d)
 

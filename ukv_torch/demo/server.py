@@ -100,6 +100,7 @@ class LayoutResult:
             "budget_in_use_at_first_refusal": None if self.first_refusal_budget_in_use is None
             else round(self.first_refusal_budget_in_use, 4),
             "mean_budget_in_use": round(float(np.mean(self.series["budget_in_use"])) if util else 0.0, 4),
+            "peak_budget_in_use": round(float(max(self.series["budget_in_use"], default=0.0)), 4),
             "moved_bytes_per_step_max": int(max(self.series["moved_bytes"], default=0)),
             "moved_bytes_per_step_mean": round(float(np.mean(self.series["moved_bytes"])) if util else 0.0, 1),
             # Relocated bytes over the live KV bytes of the same step, averaged over steps.
