@@ -649,9 +649,9 @@ class DropInRun(CoordinatorRun):
     @staticmethod
     def upstream_allocation(call):
         """A drop-in allocation: exhaustion must be OutOfSlots."""
-        def checked():
+        def checked(*args):
             try:
-                return call()
+                return call(*args)
             except RuntimeError as exc:
                 assert not str(exc).startswith("No free") or isinstance(exc, OutOfSlots), exc
                 raise
@@ -716,6 +716,27 @@ class DropInRun(CoordinatorRun):
             return super().joint_admission_call(n_swa, demand)
         return lambda: self.drop_in.can_allocate_jointly(n_swa, *demand)
 
+    # --- the pools coord.csa / coord.hca (PoolMethodsDropInRun) ---
+    POOL_NAMES = {"free_slots": "num_free_slots"}  # the drop-in pools' names of the torch pool_* methods
+
+    def pool_method(self, t, name):
+        pool = (self.drop_in.csa, self.drop_in.hca)[t]
+        return self.upstream_allocation(getattr(pool, self.POOL_NAMES.get(name, name)))
+
+    def took(self, effect):
+        return self.delivered_then(effect)
+
+    def op_pool_alloc_compress(self):
+        t = self.pick_type()
+        return Op("pool_alloc_compress", self.pool_method(t, "alloc_compress"), lambda: self.model.alloc_compress(t),
+                  effect=self.delivered_then(lambda phys: self.ledger.compress_taken(t, phys)))
+
+    def op_pool_free_compress(self):
+        t = self.pick_type()
+        phys = pick_id(self.rng, self.held(t), self.compress_ids(t))
+        return Op("pool_free_compress", lambda: self.pool_method(t, "free_compress")(phys),
+                  lambda: self.model.free_compress(t, phys), effect=lambda _: self.ledger.compress_freed(t, phys))
+
     def op_round_trip(self):
         def replace(_):
             clone = copy.deepcopy(self.drop_in)  # shares the callback, which appends to self.delivered
@@ -730,6 +751,14 @@ class PoolMethodsRun(CoordinatorRun):
     OPS = CoordinatorRun.OPS + POOL_METHOD_OPS
     ALLOCS = Run.ALLOCS | {"pool_alloc_swa", "pool_claim_swa", "pool_reserve_slot"}
     FREES = Run.FREES | {"pool_free_swa", "pool_release_slot"}
+
+
+class PoolMethodsDropInRun(DropInRun):
+    """DropInRun with the methods of its pools coord.csa / coord.hca mixed in."""
+
+    OPS = DropInRun.OPS + POOL_METHOD_OPS + [("pool_alloc_compress", 2), ("pool_free_compress", 2)]
+    ALLOCS = PoolMethodsRun.ALLOCS | {"pool_alloc_compress"}
+    FREES = PoolMethodsRun.FREES | {"pool_free_compress"}
 
 
 class PoolRun(Run):
@@ -1006,6 +1035,17 @@ def test_coordinator_pool_methods_match_model(name, mode):
     assert_coverage(outcomes, PoolMethodsRun.OPS, POOL_METHODS_MUST_SUCCEED, POOL_METHODS_MUST_REFUSE)
     counters = sum((Counter(r.model.all_counters()) for r in made), Counter())
     assert counters["swa_evictions"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(DROP_IN_SHAPES))
+def test_drop_in_pools_match_model(name):
+    """The same through coord.csa / coord.hca of the drop-in, evictions delivered before each call returns."""
+    shape, (runs, ops) = DROP_IN_SHAPES[name]
+    outcomes, run = run_all(lambda seed: PoolMethodsDropInRun(seed, *shape), "drop_in_pools/" + name, runs, ops)
+    assert_coverage(outcomes, PoolMethodsDropInRun.OPS,
+                    POOL_METHODS_MUST_SUCCEED + ["pool_alloc_compress", "pool_free_compress"],
+                    POOL_METHODS_MUST_REFUSE + [("pool_free_compress", "state"), ("pool_alloc_compress", "exhausted")])
+    assert run.model.counters["swa_evictions"] > 0
 
 
 @pytest.mark.parametrize("name", sorted(POOL_SHAPES))
