@@ -70,6 +70,10 @@ TORCH_LIBRARY(ukv, m) {
       .def("free_swa_slots", &CoordinatorHolder::free_swa_slots)
       .def("alloc_swa_n", &CoordinatorHolder::alloc_swa_n)
       .def("free_swa_many", &CoordinatorHolder::free_swa_many)
+      // The SWA role of one compress type's pool (a released shared slot so taken is not SWA's).
+      .def("pool_alloc_swa", &CoordinatorHolder::pool_alloc_swa)
+      .def("pool_free_swa", &CoordinatorHolder::pool_free_swa)
+      .def("pool_claim_swa", &CoordinatorHolder::pool_claim_swa)
       .def("alloc_compress", &CoordinatorHolder::alloc_compress)
       .def("free_compress", &CoordinatorHolder::free_compress)
       .def("has_free_compress", &CoordinatorHolder::has_free_compress, "",
@@ -81,6 +85,12 @@ TORCH_LIBRARY(ukv, m) {
       .def("take_evicted_swa", &CoordinatorHolder::take_evicted_swa)
       .def("owner", &CoordinatorHolder::owner)
       .def("pool_slot_is_free", &CoordinatorHolder::pool_slot_is_free)
+      // One compress type's pool through its own methods (upstream's coord.csa / coord.hca).
+      .def("pool_free_slots", &CoordinatorHolder::pool_free_slots)
+      .def("pool_has_free_swa", &CoordinatorHolder::pool_has_free_swa, "",
+           {torch::arg("type"), torch::arg("n") = 1})
+      .def("pool_reserve_slot", &CoordinatorHolder::pool_reserve_slot)
+      .def("pool_release_slot", &CoordinatorHolder::pool_release_slot)
       .def("counters", &CoordinatorHolder::counters)
       .def("check_invariants", &CoordinatorHolder::check_invariants)
       .def("__obj_flatten__", &CoordinatorHolder::obj_flatten)

@@ -218,6 +218,23 @@ std::string CoordinatorHolder::owner(int64_t type, int64_t slot) {
 bool CoordinatorHolder::pool_slot_is_free(int64_t type, int64_t slot) {
   return locked([&] { return coord_.pool(type, "pool_slot_is_free").slot_is_free(slot); });
 }
+bool CoordinatorHolder::pool_reserve_slot(int64_t type, int64_t slot) {
+  return locked([&] { return coord_.pool_reserve_slot(type, slot); });
+}
+void CoordinatorHolder::pool_release_slot(int64_t type, int64_t slot) {
+  locked([&] { coord_.pool_release_slot(type, slot); });
+}
+int64_t CoordinatorHolder::pool_alloc_swa(int64_t type) { return locked([&] { return coord_.pool_alloc_swa(type); }); }
+void CoordinatorHolder::pool_free_swa(int64_t type, int64_t slot) { locked([&] { coord_.pool_free_swa(type, slot); }); }
+void CoordinatorHolder::pool_claim_swa(int64_t type, int64_t slot) {
+  locked([&] { coord_.pool_claim_swa(type, slot); });
+}
+bool CoordinatorHolder::pool_has_free_swa(int64_t type, int64_t n) {
+  return locked([&] { return coord_.pool(type, "pool_has_free_swa").has_free_swa(n); });
+}
+int64_t CoordinatorHolder::pool_free_slots(int64_t type) {
+  return locked([&] { return coord_.pool(type, "pool_free_slots").free_slots(); });
+}
 
 c10::Dict<std::string, int64_t> CoordinatorHolder::counters() {
   return locked([&] {

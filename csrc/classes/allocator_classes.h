@@ -116,6 +116,15 @@ class CoordinatorHolder : public torch::CustomClassHolder {
   std::vector<int64_t> take_evicted_swa();
   std::string owner(int64_t type, int64_t slot);
   bool pool_slot_is_free(int64_t type, int64_t slot);
+
+  // One compress type's pool through its own methods (Coordinator::pool_*).
+  bool pool_reserve_slot(int64_t type, int64_t slot);
+  void pool_release_slot(int64_t type, int64_t slot);
+  int64_t pool_alloc_swa(int64_t type);
+  void pool_free_swa(int64_t type, int64_t slot);
+  void pool_claim_swa(int64_t type, int64_t slot);
+  bool pool_has_free_swa(int64_t type, int64_t n);
+  int64_t pool_free_slots(int64_t type);
   c10::Dict<std::string, int64_t> counters();
   void check_invariants();
 

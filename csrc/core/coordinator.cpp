@@ -127,26 +127,73 @@ int64_t Coordinator::alloc_compress(int64_t type) {
   if (pool.free_compress_blocks() == 0 && lendable_slots() > 0) lend_unreleased_slot();
   int64_t opened = -1;
   const int64_t phys = pool.alloc_compress(&opened);
-  if (opened >= 0 && opened < num_swa_base_) {
-    // A borrowed released slot: SWA may no longer take it, and whatever SWA
-    // block it cached is gone the moment compress writes into it.
-    const auto s = static_cast<size_t>(opened);
-    if (busy_[s]++ == 0) swa_free_.erase(opened);
-    if (cached_[s]) {
-      cached_[s] = 0;
-      ++counters_.swa_evictions;
-      if (listener_) listener_(opened); else evicted_.push_back(opened);
-    }
-  }
+  if (opened >= 0) pool_took(opened);
   return phys;
 }
 
 void Coordinator::free_compress(int64_t type, int64_t phys) {
   check_type(type, "free_compress");
   auto& p = pools_[static_cast<size_t>(type)];
-  const bool slot_freed = p.free_compress(phys);
-  const int64_t slot = phys / p.blocks_per_slot();
-  if (slot_freed && slot < num_swa_base_ && --busy_[static_cast<size_t>(slot)] == 0) swa_free_.push_back(slot);
+  if (p.free_compress(phys)) pool_gave_back(phys / p.blocks_per_slot());
+}
+
+void Coordinator::pool_took(int64_t slot) {
+  if (slot >= num_swa_base_) return;  // the pool's own region
+  // A borrowed released slot: SWA may no longer take it, and whatever SWA
+  // block it cached is gone the moment the pool writes into it.
+  const auto s = static_cast<size_t>(slot);
+  if (busy_[s]++ == 0) swa_free_.erase(slot);
+  if (cached_[s]) {
+    cached_[s] = 0;
+    ++counters_.swa_evictions;
+    if (listener_) listener_(slot); else evicted_.push_back(slot);
+  }
+}
+
+void Coordinator::pool_gave_back(int64_t slot) {
+  if (slot < num_swa_base_ && --busy_[static_cast<size_t>(slot)] == 0) swa_free_.push_back(slot);
+}
+
+TypePool& Coordinator::pool_for(int64_t type, const char* what) {
+  check_type(type, what);
+  return pools_[static_cast<size_t>(type)];
+}
+
+// The pool's own checks come first (range, role); a taken or freed slot then
+// updates the SWA side. Only a released shared slot can be free in a pool.
+bool Coordinator::pool_reserve_slot(int64_t type, int64_t slot) {
+  TypePool& p = pool_for(type, "pool_reserve_slot");
+  // In the shared region a pool's reservation means "the SWA space's" (held or
+  // never used); one made through the pool could not be told from it.
+  require<StateError>(slot < 0 || slot >= num_swa_base_ || !p.slot_is_free(slot), "reserve_slot: slot ", slot,
+                      " is in the SWA space [0, ", num_swa_base_, "), which only the coordinator reserves");
+  return p.reserve_slot(slot);  // the own region: no SWA side
+}
+
+void Coordinator::pool_release_slot(int64_t type, int64_t slot) {
+  TypePool& p = pool_for(type, "pool_release_slot");
+  if (slot >= 0 && slot < num_swa_base_) {
+    const SwaState state = swa_state_[static_cast<size_t>(slot)];
+    require<StateError>(state == SwaState::Released, "release_slot: slot ", slot, " is reserved for the SWA space (",
+                        state == SwaState::Held ? "held by SWA" : "never released by SWA", ")");
+  }
+  p.release_slot(slot);  // a released shared slot is never reserved in a pool: no SWA side
+}
+
+int64_t Coordinator::pool_alloc_swa(int64_t type) {
+  const int64_t slot = pool_for(type, "pool_alloc_swa").alloc_swa();
+  pool_took(slot);
+  return slot;
+}
+
+void Coordinator::pool_free_swa(int64_t type, int64_t slot) {
+  pool_for(type, "pool_free_swa").free_swa(slot);
+  pool_gave_back(slot);
+}
+
+void Coordinator::pool_claim_swa(int64_t type, int64_t slot) {
+  pool_for(type, "pool_claim_swa").claim_swa(slot);
+  pool_took(slot);
 }
 
 // The vector forms are sized only for a batch that can succeed; otherwise the
@@ -218,7 +265,13 @@ bool Coordinator::can_allocate_jointly(int64_t n_swa, const std::vector<int64_t>
             "] must be >= 0, got ", compress_demand[static_cast<size_t>(t)]);
   for (int64_t slot : freeable_slots) {
     check_swa_slot(slot, "can_allocate_jointly");
-    require(swa_state_[static_cast<size_t>(slot)] == SwaState::Released && busy_[static_cast<size_t>(slot)] > 0,
+    bool compress_only = true;  // freeing its compress blocks frees it in every pool
+    for (const auto& p : pools_) {
+      const SlotOwner o = p.owner(slot);
+      compress_only &= o == SlotOwner::Free || o == SlotOwner::Compress;
+    }
+    require(swa_state_[static_cast<size_t>(slot)] == SwaState::Released && busy_[static_cast<size_t>(slot)] > 0 &&
+                compress_only,
             "can_allocate_jointly: freeable slot ", slot, " is not a released slot compress is using");
   }
   const int64_t swa_demand = enabled() ? n_swa : 0;  // a disabled SWA space ignores SWA demand
@@ -270,10 +323,11 @@ void Coordinator::check_invariants() const {
     int32_t busy = 0;
     for (const auto& p : pools_) {
       const SlotOwner o = p.owner(s);
-      require<StateError>(o != SlotOwner::Swa, "shared slot ", s, " held through a pool's own SWA role");
+      // Reserved exactly while the SWA space holds it or never used it. Once
+      // released: free, compress blocks, or an SWA block through the pool's methods.
       require<StateError>((o == SlotOwner::Reserved) == (swa_state_[i] != SwaState::Released), "shared slot ", s,
                           " reservation does not match its SWA state");
-      busy += o == SlotOwner::Compress;
+      busy += o == SlotOwner::Compress || o == SlotOwner::Swa;
     }
     require<StateError>(busy == busy_[i], "shared slot ", s, " busy count");
     const bool available = swa_state_[i] == SwaState::Available || (swa_state_[i] == SwaState::Released && busy == 0);
@@ -336,7 +390,7 @@ Coordinator Coordinator::read_state(StateReader& r) {
     c.cached_[static_cast<size_t>(s)] = static_cast<uint8_t>(r.flag("SWA slot cached"));
     c.held_swa_ += state == SwaState::Held;
     int32_t busy = 0;
-    for (const auto& p : c.pools_) busy += p.owner(s) == SlotOwner::Compress;
+    for (const auto& p : c.pools_) busy += p.owner(s) == SlotOwner::Compress || p.owner(s) == SlotOwner::Swa;
     c.busy_[static_cast<size_t>(s)] = busy;
   }
   c.swa_free_ = SlotList(base);

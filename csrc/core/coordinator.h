@@ -74,7 +74,8 @@ class Coordinator {
   int64_t free_swa_slots() const { return swa_free_.size(); }
   bool swa_slot_is_held(int64_t slot) const;
   int64_t held_swa_slots() const { return held_swa_; }
-  // A released shared slot in which some compress pool holds blocks.
+  // A released shared slot that some pool holds: compress blocks, or an SWA
+  // block made through the pool methods below (which the KV manager never calls).
   bool compress_busy(int64_t slot) const { return busy_[static_cast<size_t>(slot)] > 0; }
   std::vector<int64_t> alloc_swa_n(int64_t n);         // all-or-nothing
   void alloc_swa_into(int64_t n, int64_t* out);        // the same into out[0, n)
@@ -90,6 +91,23 @@ class Coordinator {
   std::vector<int64_t> alloc_compress_n(int64_t type, int64_t n);         // all-or-nothing
   void alloc_compress_into(int64_t type, int64_t n, int64_t* out);        // the same into out[0, n)
   void free_compress_many(int64_t type, const int64_t* ids, size_t n);    // validated first
+
+  // --- one compress type's pool through its own methods (SPEC.md §1.5.2) ---
+  // Upstream exposes each type's pool (coord.csa, coord.hca) with the whole
+  // pool interface. Here those calls keep the SWA bookkeeping exact: a
+  // released shared slot a pool takes this way (an SWA block of that type's
+  // tensor alone) counts like compress blocks in it: SWA may no longer take
+  // it and its cached SWA block is evicted once; it returns to SWA when every
+  // pool has freed it. In the shared region a reservation is the SWA space's
+  // own (it holds the slot or never used it), so release refuses those, and
+  // reserving a released slot that is free in the pool is refused too (it
+  // could not be told from the SWA space's); the own region is the pool's.
+  // Queries go through pool(type) (free_slots, has_free_swa, slot_is_free).
+  bool pool_reserve_slot(int64_t type, int64_t slot);  // false if the slot is not free in that pool
+  void pool_release_slot(int64_t type, int64_t slot);  // no-op on a free slot
+  int64_t pool_alloc_swa(int64_t type);                // the pool's shared (released) slots first
+  void pool_free_swa(int64_t type, int64_t slot);
+  void pool_claim_swa(int64_t type, int64_t slot);
 
   // A promise: true only when n_swa SWA allocations and compress_demand[t]
   // allocations of each type t, made in any order from the current state, all
@@ -128,6 +146,11 @@ class Coordinator {
   void lend_unreleased_slot();       // the never-used free slot SWA would take last becomes released
   int64_t lendable_slots() const { return borrow_unreleased_swa_ ? unreleased_.size() : 0; }
   int64_t slots_needed(int64_t type, int64_t blocks) const;
+  TypePool& pool_for(int64_t type, const char* what);
+  // A pool took a free slot / gave one back: for a shared (released) slot,
+  // keep SWA's free list and cache tags exact.
+  void pool_took(int64_t slot);
+  void pool_gave_back(int64_t slot);
 
   int64_t num_swa_base_, block_size_;
   bool borrow_unreleased_swa_;
@@ -135,9 +158,9 @@ class Coordinator {
   // Per shared slot: Available = never used by SWA, reserved in every pool,
   // SWA may take it; Held = SWA owns it; Released = SWA freed it (or, with
   // borrow_unreleased_swa, lent it unused) to the pools; SWA may take it back
-  // while busy_[s] == 0, i.e. no pool has compress blocks in it.
+  // while busy_[s] == 0, i.e. it is free in every pool.
   std::vector<SwaState> swa_state_;
-  std::vector<int32_t> busy_;      // pools holding compress blocks in a released slot
+  std::vector<int32_t> busy_;      // pools holding a released slot (compress blocks, or a pool's SWA block)
   std::vector<uint8_t> cached_;    // released slot may still back a cached SWA block
   SlotList swa_free_;              // slots SWA may take now, FIFO
   SlotList unreleased_;            // the members of swa_free_ in state Available, in its order

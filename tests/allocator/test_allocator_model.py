@@ -92,6 +92,10 @@ class RowLedger:
         self.swa_held = IdBag()
         self.swa_released = set()   # Coordinator: SWA slots SWA freed and has not taken back
         self.reserved = set()       # TypePool: slots reserved through reserve_slot
+        # Coordinator: per type, slots its pool holds through its own methods
+        # (upstream's coord.csa / coord.hca): SWA blocks of that tensor alone, reservations.
+        self.pool_swa = [set() for _ in type_ks]
+        self.pool_reserved = [set() for _ in type_ks]
         self.compress_held = [IdBag() for _ in type_ks]
         self.first_rows = [dict() for _ in type_ks]     # first row -> block holding it
         self.blocks_in_slot = [Counter() for _ in type_ks]
@@ -102,6 +106,9 @@ class RowLedger:
         for t in tensors:
             assert self.blocks_in_slot[t][slot] == 0, f"SWA slot {slot} overlaps compress rows of tensor {t}"
         assert slot not in self.reserved, f"SWA took reserved slot {slot}"
+        if self.coordinated:
+            for t in tensors:
+                assert not self.pool_holds(t, slot), f"SWA slot {slot} overlaps pool {t}'s own tenancy"
         self.swa_held.add(slot)
         self.swa_released.discard(slot)
 
@@ -118,6 +125,7 @@ class RowLedger:
         assert first not in self.first_rows[t], f"type {t} rows {first}.. owned by two blocks"
         assert slot not in self.swa_held, f"type {t} block {phys} overlaps SWA slot {slot}"
         assert slot not in self.reserved, f"type {t} block {phys} in reserved slot {slot}"
+        assert not self.pool_holds(t, slot), f"type {t} block {phys} in slot {slot} its pool holds otherwise"
         if self.coordinated and slot < self.swa_slots and slot not in self.swa_released:
             assert self.lends_unreleased, f"type {t} borrowed SWA slot {slot} that SWA never released"
             self.swa_released.add(slot)  # lent: free in every pool from now on
@@ -130,9 +138,32 @@ class RowLedger:
         del self.first_rows[t][phys * self.ks[t]]
         self.blocks_in_slot[t][phys * self.ks[t] // self.bs] -= 1
 
+    def pool_holds(self, t, slot):
+        return slot in self.pool_swa[t] or slot in self.pool_reserved[t]
+
+    def pool_taken(self, t, slot, reserved=False):
+        """Coordinator: type t's pool took slot through its own methods."""
+        assert 0 <= slot < self.rows[t] // self.bs, f"pool {t} took slot {slot} outside its tensor"
+        assert self.blocks_in_slot[t][slot] == 0, f"pool {t} took slot {slot}, which holds its compress blocks"
+        assert not self.pool_holds(t, slot), f"pool {t} took slot {slot} twice"
+        if slot < self.swa_slots:
+            assert slot in self.swa_released and slot not in self.swa_held, \
+                f"pool {t} took SWA slot {slot}, which SWA holds or never released"
+        (self.pool_reserved if reserved else self.pool_swa)[t].add(slot)
+
+    def pool_released(self, t, slot):
+        self.pool_reserved[t].discard(slot)  # releasing a free slot does nothing
+
+    def pool_swa_freed(self, t, slot):
+        self.pool_swa[t].remove(slot)
+
     def expected_owner(self, t, slot):
         if self.blocks_in_slot[t][slot]:
             return COMPRESS
+        if self.coordinated and slot in self.pool_swa[t]:
+            return SWA
+        if self.coordinated and slot in self.pool_reserved[t]:
+            return RESERVED
         if self.coordinated:  # Coordinator: SWA's slots are reserved in every pool
             return RESERVED if slot < self.swa_slots and slot not in self.swa_released else FREE
         if slot in self.swa_held:
@@ -140,8 +171,10 @@ class RowLedger:
         return RESERVED if slot in self.reserved else FREE
 
     def expected_swa_free(self, slot):
-        """C2: SWA may take a slot it does not hold unless a compress pool holds blocks in it."""
-        return slot not in self.swa_held and not any(b[slot] for b in self.blocks_in_slot)
+        """C2: SWA may take a slot it does not hold unless a compress pool holds blocks in it
+        (or holds it through its own methods)."""
+        return (slot not in self.swa_held and not any(b[slot] for b in self.blocks_in_slot)
+                and not any(self.pool_holds(t, slot) for t in range(len(self.ks))))
 
 
 # --------------------------------------------------------------------------
@@ -290,6 +323,13 @@ class Run:
     def swa_taken_all(self, slots):
         for slot in slots:
             self.ledger.swa_taken(slot)
+
+
+# One compress type's pool through its own methods (upstream's coord.csa / coord.hca).
+POOL_METHOD_OPS = [
+    ("pool_reserve_slot", 1), ("pool_release_slot", 1), ("pool_alloc_swa", 1), ("pool_free_swa", 1),
+    ("pool_claim_swa", 1), ("pool_has_free_swa", 0.3), ("pool_free_slots", 0.3),
+]
 
 
 class CoordinatorRun(Run):
@@ -497,6 +537,69 @@ class CoordinatorRun(Run):
     def op_counters(self):
         return Op("counters", lambda: dict(self.obj.counters()), self.model.all_counters, query=True)
 
+    # --- one type's pool through its own methods ---
+    def pool_method(self, t, name):
+        """The torch call of pool method `name` (reserve_slot, alloc_swa, free_slots, ...) of type t."""
+        method = getattr(self.obj, "pool_" + name)
+        return lambda *args: method(t, *args)
+
+    def took(self, effect):
+        """The effect of a call that may take a released shared slot (evictions are taken separately here)."""
+        return effect
+
+    def any_pool_slot(self, t):
+        return self.rng.randrange(-1, (self.type_slots[t] if self.valid_type(t) else 2) + 1)
+
+    def pool_held(self, t, held):
+        """Mostly a slot of `held` (type t's own tenancies), else any slot."""
+        slots = sorted(held[t]) if self.valid_type(t) else []
+        return self.rng.choice(slots) if slots and self.rng.random() < 0.8 else self.any_pool_slot(t)
+
+    def pool_op(self, t, name, *args, effect=None, query=False):
+        """The Op of pool method `name` of type t, on the torch object and on the model."""
+        return Op("pool_" + name, lambda: self.pool_method(t, name)(*args),
+                  lambda: getattr(self.model, "pool_" + name)(t, *args), effect=effect, query=query)
+
+    def pool_taking(self, name, reserved=False):
+        """A call of type t's pool taking any slot (an SWA block, or a reservation)."""
+        t = self.pick_type()
+        slot = self.any_pool_slot(t)
+
+        def effect(result):
+            if result is not False:  # reserve_slot says False when the slot is not free
+                self.ledger.pool_taken(t, slot, reserved)
+        return self.pool_op(t, name, slot, effect=self.took(effect))
+
+    def pool_giving_back(self, name, held, forget):
+        """A call of type t's pool giving back mostly a slot of `held` (its own tenancies)."""
+        t = self.pick_type()
+        slot = self.pool_held(t, held)
+        return self.pool_op(t, name, slot, effect=lambda _: forget(t, slot))
+
+    def op_pool_reserve_slot(self):
+        return self.pool_taking("reserve_slot", reserved=True)
+
+    def op_pool_release_slot(self):
+        return self.pool_giving_back("release_slot", self.ledger.pool_reserved, self.ledger.pool_released)
+
+    def op_pool_alloc_swa(self):
+        t = self.pick_type()
+        return self.pool_op(t, "alloc_swa", effect=self.took(lambda slot: self.ledger.pool_taken(t, slot)))
+
+    def op_pool_free_swa(self):
+        return self.pool_giving_back("free_swa", self.ledger.pool_swa, self.ledger.pool_swa_freed)
+
+    def op_pool_claim_swa(self):
+        return self.pool_taking("claim_swa")
+
+    def op_pool_has_free_swa(self):
+        t = self.pick_type()
+        n = self.rng.randrange(-1, (self.type_slots[t] if self.valid_type(t) else 2) + 2)
+        return self.pool_op(t, "has_free_swa", n, query=True)
+
+    def op_pool_free_slots(self):
+        return self.pool_op(self.pick_type(), "free_slots", query=True)
+
     def op_getters(self):
         o, m = self.obj, self.model
         return Op("getters", lambda: (o.num_swa_base(), o.block_size(), o.num_types(), o.ks(), o.compress_ratios(),
@@ -515,6 +618,7 @@ class CoordinatorRun(Run):
             for slot in range(self.type_slots[t]):
                 assert obj.owner(t, slot) == ledger.expected_owner(t, slot), f"type {t} slot {slot}"
             assert obj.free_compress_blocks(t) == model.free_compress_blocks(t), f"type {t} free blocks"
+            assert obj.pool_free_slots(t) == model.pools[t].free_slots(), f"type {t} free slots"
         for slot in range(self.base):
             assert obj.is_free_swa(slot) == ledger.expected_swa_free(slot), f"is_free_swa({slot})"
         assert obj.free_swa_slots() == model.free_swa_slots()
@@ -545,9 +649,9 @@ class DropInRun(CoordinatorRun):
     @staticmethod
     def upstream_allocation(call):
         """A drop-in allocation: exhaustion must be OutOfSlots."""
-        def checked():
+        def checked(*args):
             try:
-                return call()
+                return call(*args)
             except RuntimeError as exc:
                 assert not str(exc).startswith("No free") or isinstance(exc, OutOfSlots), exc
                 raise
@@ -612,12 +716,49 @@ class DropInRun(CoordinatorRun):
             return super().joint_admission_call(n_swa, demand)
         return lambda: self.drop_in.can_allocate_jointly(n_swa, *demand)
 
+    # --- the pools coord.csa / coord.hca (PoolMethodsDropInRun) ---
+    POOL_NAMES = {"free_slots": "num_free_slots"}  # the drop-in pools' names of the torch pool_* methods
+
+    def pool_method(self, t, name):
+        pool = (self.drop_in.csa, self.drop_in.hca)[t]
+        return self.upstream_allocation(getattr(pool, self.POOL_NAMES.get(name, name)))
+
+    def took(self, effect):
+        return self.delivered_then(effect)
+
+    def op_pool_alloc_compress(self):
+        t = self.pick_type()
+        return Op("pool_alloc_compress", self.pool_method(t, "alloc_compress"), lambda: self.model.alloc_compress(t),
+                  effect=self.delivered_then(lambda phys: self.ledger.compress_taken(t, phys)))
+
+    def op_pool_free_compress(self):
+        t = self.pick_type()
+        phys = pick_id(self.rng, self.held(t), self.compress_ids(t))
+        return Op("pool_free_compress", lambda: self.pool_method(t, "free_compress")(phys),
+                  lambda: self.model.free_compress(t, phys), effect=lambda _: self.ledger.compress_freed(t, phys))
+
     def op_round_trip(self):
         def replace(_):
             clone = copy.deepcopy(self.drop_in)  # shares the callback, which appends to self.delivered
             assert clone.torch_object.__getstate__() == self.obj.__getstate__()
             self.drop_in, self.obj = clone, clone.torch_object
         return Op("round_trip", lambda: None, lambda: None, effect=replace)
+
+
+class PoolMethodsRun(CoordinatorRun):
+    """CoordinatorRun with the pool methods of each compress type mixed in."""
+
+    OPS = CoordinatorRun.OPS + POOL_METHOD_OPS
+    ALLOCS = Run.ALLOCS | {"pool_alloc_swa", "pool_claim_swa", "pool_reserve_slot"}
+    FREES = Run.FREES | {"pool_free_swa", "pool_release_slot"}
+
+
+class PoolMethodsDropInRun(DropInRun):
+    """DropInRun with the methods of its pools coord.csa / coord.hca mixed in."""
+
+    OPS = DropInRun.OPS + POOL_METHOD_OPS + [("pool_alloc_compress", 2), ("pool_free_compress", 2)]
+    ALLOCS = PoolMethodsRun.ALLOCS | {"pool_alloc_compress"}
+    FREES = PoolMethodsRun.FREES | {"pool_free_compress"}
 
 
 class PoolRun(Run):
@@ -791,6 +932,12 @@ DROP_IN_SHAPES = {
     "no_own_region": ((3, 3, 3), (2, 3_000)),
 }
 
+POOL_METHOD_SHAPES = {
+    # Coordinator shapes whose runs mix in the pool methods: (runs, operations per run) as above
+    "v4_pair": ((4, [32, 1], [6, 5], 128), (2, 3_000)),
+    "no_own_region": ((3, [128, 64], [3, 3], 128), (2, 3_000)),
+    "pools_of_one_slot": ((1, [2, 8], [1, 1], 8), (2, 2_000)),
+}
 
 BORROW_MODES = {"upstream_borrowing": False, "borrow_unreleased": True}
 
@@ -864,6 +1011,41 @@ def test_drop_in_coordinator_matches_model(name):
                     [("alloc_swa", "exhausted"), ("alloc_compress", "exhausted"), ("free_swa", "state"),
                      ("free_compress", "state"), ("free_compress", "invalid")])
     assert run.model.counters["swa_evictions"] > 0 and outcomes["promised allocation", "ok"] > 0
+
+
+POOL_METHODS_MUST_SUCCEED = ["pool_reserve_slot", "pool_release_slot", "pool_alloc_swa", "pool_free_swa",
+                             "pool_claim_swa", "pool_has_free_swa", "pool_free_slots"]
+POOL_METHODS_MUST_REFUSE = [("pool_release_slot", "state"), ("pool_free_swa", "state"), ("pool_claim_swa", "state"),
+                            ("pool_alloc_swa", "exhausted"), ("pool_free_swa", "invalid")]
+
+
+@pytest.mark.parametrize("mode", sorted(BORROW_MODES))
+@pytest.mark.parametrize("name", sorted(POOL_METHOD_SHAPES))
+def test_coordinator_pool_methods_match_model(name, mode):
+    """Each type's pool used through its own methods among every other call:
+    the model's ids and refusals, SWA's free list and evictions exact, no row
+    range held by two roles."""
+    (base, ks, slots, bs), (runs, ops) = POOL_METHOD_SHAPES[name]
+    made = []
+
+    def make_run(seed):
+        made.append(PoolMethodsRun(seed, base, ks, slots, bs, BORROW_MODES[mode]))
+        return made[-1]
+    outcomes, _ = run_all(make_run, f"pool_methods/{name}/{mode}", runs, ops)
+    assert_coverage(outcomes, PoolMethodsRun.OPS, POOL_METHODS_MUST_SUCCEED, POOL_METHODS_MUST_REFUSE)
+    counters = sum((Counter(r.model.all_counters()) for r in made), Counter())
+    assert counters["swa_evictions"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(DROP_IN_SHAPES))
+def test_drop_in_pools_match_model(name):
+    """The same through coord.csa / coord.hca of the drop-in, evictions delivered before each call returns."""
+    shape, (runs, ops) = DROP_IN_SHAPES[name]
+    outcomes, run = run_all(lambda seed: PoolMethodsDropInRun(seed, *shape), "drop_in_pools/" + name, runs, ops)
+    assert_coverage(outcomes, PoolMethodsDropInRun.OPS,
+                    POOL_METHODS_MUST_SUCCEED + ["pool_alloc_compress", "pool_free_compress"],
+                    POOL_METHODS_MUST_REFUSE + [("pool_free_compress", "state"), ("pool_alloc_compress", "exhausted")])
+    assert run.model.counters["swa_evictions"] > 0
 
 
 @pytest.mark.parametrize("name", sorted(POOL_SHAPES))

@@ -204,6 +204,11 @@ COORDINATOR_METHODS = {"alloc_swa": "", "free_swa": "i", "claim_swa": "i", "is_f
                        "owner": "ii", "pool_slot_is_free": "ii"}
 QUERIES = {"slot_is_free", "owner", "is_free_swa", "has_free_swa", "has_free_compress", "free_slots",
            "free_compress_blocks", "free_swa_slots", "pool_slot_is_free"}
+# One compress type's pool through its own methods (upstream's coord.csa / coord.hca), fuzzed among the rest.
+COORDINATOR_POOL_METHODS = {"pool_reserve_slot": "ii", "pool_release_slot": "ii", "pool_alloc_swa": "i",
+                            "pool_free_swa": "ii", "pool_claim_swa": "ii", "pool_has_free_swa": "ii",
+                            "pool_free_slots": "i"}
+QUERIES.update({"pool_has_free_swa", "pool_free_slots"})
 
 
 def draw_arguments(data, kinds):
@@ -313,8 +318,15 @@ def with_methods(make):
     return model, obj, POOL_METHODS if isinstance(model, PoolModel) else COORDINATOR_METHODS, obj
 
 
+def coordinator_with_pool_methods(*args):
+    model, obj = coordinator_pair(*args)
+    return model, obj, {**COORDINATOR_METHODS, **COORDINATOR_POOL_METHODS}, obj
+
+
 FRONT_ENDS = {**{name: (lambda make=make: with_methods(make)) for name, make in SHAPES.items()},
-              "drop_in_pool": drop_in_pool, "drop_in_coordinator": drop_in_coordinator}
+              "drop_in_pool": drop_in_pool, "drop_in_coordinator": drop_in_coordinator,
+              "coordinator_pool_methods": lambda: coordinator_with_pool_methods(3, [4, 128], [5, 4], 128),
+              "coordinator_pool_methods_one_slot": lambda: coordinator_with_pool_methods(1, [4], [1], 8)}
 
 
 @pytest.mark.parametrize("front_end", sorted(FRONT_ENDS))

@@ -91,6 +91,65 @@ TEST(Coordinator, OwnershipErrorsLeaveStateUnchanged) {
   EXPECT_THROW(c.free_swa(s), StateError);
 }
 
+// Upstream's coord.csa / coord.hca: one type's pool through its own methods.
+// A released shared slot a pool takes is out of SWA's reach and loses its
+// cache entry once; it returns to SWA when no pool holds it any more. Shared
+// slots are reserved only by the SWA space.
+TEST(Coordinator, PoolMethodsKeepTheSwaSideExact) {
+  Coordinator c(2, {{32, 3}, {1, 3}}, 128);  // own regions: slot 2 of each tensor
+  EXPECT_EQ(c.pool(kCsa).free_slots(), 1);
+  EXPECT_FALSE(c.pool_reserve_slot(kCsa, 0));  // never used: the SWA space's
+  const int64_t s = c.alloc_swa();
+  c.free_swa(c.alloc_swa());                   // slot 1 released, cached
+  EXPECT_FALSE(c.pool_reserve_slot(kCsa, s));  // held by SWA
+  EXPECT_THROW(c.pool_release_slot(kHca, s), StateError);
+  EXPECT_THROW(c.pool_reserve_slot(kHca, 1), StateError);
+  EXPECT_EQ(c.pool(kCsa).free_slots(), 2);
+  EXPECT_EQ(c.pool_alloc_swa(kCsa), 1);        // the pool's shared slots first
+  EXPECT_FALSE(c.is_free_swa(1));
+  EXPECT_EQ(c.take_evicted_swa(), std::vector<int64_t>{1});
+  EXPECT_EQ(c.pool_alloc_swa(kHca), 1);        // another pool: no second eviction
+  EXPECT_TRUE(c.take_evicted_swa().empty());
+  c.pool_free_swa(kCsa, 1);
+  EXPECT_FALSE(c.is_free_swa(1));              // HCA still holds it
+  c.pool_free_swa(kHca, 1);
+  EXPECT_TRUE(c.is_free_swa(1));
+  EXPECT_TRUE(c.pool_reserve_slot(kHca, 2));   // the own region: as upstream, no SWA side
+  EXPECT_FALSE(c.pool_reserve_slot(kHca, 2));
+  c.pool_claim_swa(kCsa, 2);
+  EXPECT_EQ(c.free_swa_slots(), 1);
+  EXPECT_EQ(c.pool_alloc_swa(kHca), 1);        // its one free slot, evicted already
+  EXPECT_TRUE(c.take_evicted_swa().empty());
+  EXPECT_THROW(c.pool_alloc_swa(kHca), OutOfSlots);
+  EXPECT_FALSE(c.has_free_swa(1));
+  c.pool_release_slot(kHca, 2);
+  EXPECT_EQ(c.pool(kHca).free_slots(), 1);
+  c.check_invariants();
+  const auto state = c.to_state();
+  EXPECT_EQ(Coordinator::from_state(state).to_state(), state);
+}
+
+TEST(Coordinator, PoolMethodErrorsLeaveStateUnchanged) {
+  Coordinator c(2, {{32, 3}, {1, 3}}, 128);
+  c.free_swa(c.alloc_swa());
+  c.pool_claim_swa(kCsa, 0);
+  const auto before = c.to_state();
+  EXPECT_THROW(c.pool_alloc_swa(2), InvalidArgument);
+  EXPECT_THROW(c.pool_reserve_slot(-1, 0), InvalidArgument);
+  EXPECT_THROW(c.pool_reserve_slot(kCsa, 3), InvalidArgument);
+  EXPECT_THROW(c.pool_reserve_slot(kHca, 0), StateError);  // released and free in HCA: the SWA space's
+  EXPECT_THROW(c.pool_release_slot(kCsa, -1), InvalidArgument);
+  EXPECT_THROW(c.pool_release_slot(kCsa, 0), StateError);  // an SWA block of that pool, not reserved
+  EXPECT_THROW(c.pool_release_slot(kCsa, 1), StateError);  // never released by SWA
+  EXPECT_THROW(c.pool_free_swa(kHca, 0), StateError);
+  EXPECT_THROW(c.pool_free_swa(kCsa, 5), InvalidArgument);
+  EXPECT_THROW(c.pool_claim_swa(kCsa, 0), StateError);
+  EXPECT_THROW(c.pool_claim_swa(kHca, 1), StateError);
+  EXPECT_THROW(c.claim_swa(0), StateError);                // taken through the CSA pool
+  EXPECT_EQ(c.to_state(), before);
+  c.check_invariants();
+}
+
 TEST(Coordinator, BadConstructorArguments) {
   EXPECT_THROW(Coordinator(-1, {}, 128), InvalidArgument);
   EXPECT_THROW(Coordinator(4, {{32, 3}}, 128), InvalidArgument);  // fewer slots than SWA

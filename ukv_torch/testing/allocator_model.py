@@ -29,7 +29,14 @@ same ids, answers and refusals call for call, so every order rule is explicit:
   * with borrow_unreleased_swa, a compress allocation that finds no free block
     in its pool at all first lends the last never-used slot of the SWA free
     FIFO to every pool (it becomes released, with nothing cached), then
-    borrows it as usual.
+    borrows it as usual;
+  * one compress type's pool used through its own methods (pool_alloc_swa,
+    pool_claim_swa, pool_reserve_slot, ...: upstream's coord.csa / coord.hca)
+    follows the pool rules; a released shared slot it takes (an SWA block)
+    counts like a borrow (SWA may not take it, its cached entry is evicted
+    once) and goes back to SWA when no pool holds it. Shared slots are
+    reserved only by the SWA space: a pool cannot release those, nor reserve
+    a released one that is free in it.
 """
 from collections import OrderedDict
 
@@ -372,8 +379,25 @@ class CoordinatorModel:
     def _check_swa_slot(self, slot):
         _require(0 <= slot < self.num_swa_base, "slot")
 
-    def _pools_holding_compress(self, slot):
-        return sum(pool.role[slot] == COMPRESS for pool in self.pools)
+    def _pools_holding(self, slot):
+        """Pools holding a released shared slot: compress blocks, or an SWA block through the pool."""
+        return sum(pool.role[slot] in (COMPRESS, SWA) for pool in self.pools)
+
+    def _pool_took(self, slot):
+        """A pool took a free slot: a shared one leaves SWA's reach (first taker) and loses its cache entry."""
+        if slot >= self.num_swa_base:
+            return
+        assert self.swa_role[slot] == RELEASED
+        if self._pools_holding(slot) == 1:
+            self.swa_free.remove(slot)  # the first borrower: SWA may no longer take it
+        if slot in self.cached:
+            self.cached.remove(slot)
+            self.counters["swa_evictions"] += 1
+            self.evicted.append(slot)
+
+    def _pool_gave_back(self, slot):
+        if slot < self.num_swa_base and self._pools_holding(slot) == 0:
+            self.swa_free.push(slot)  # the last borrower gave it back
 
     # --- SWA role ---
     def _take_swa(self, slot):
@@ -454,22 +478,14 @@ class CoordinatorModel:
         if pool.free_compress_blocks() == 0 and lendable:
             self._lend(lendable[-1])  # the one SWA would take last
         phys, opened = pool.take_compress_block()
-        if opened is not None and opened < self.num_swa_base:
-            assert self.swa_role[opened] == RELEASED
-            if self._pools_holding_compress(opened) == 1:
-                self.swa_free.remove(opened)  # the first borrower: SWA may no longer take it
-            if opened in self.cached:
-                self.cached.remove(opened)
-                self.counters["swa_evictions"] += 1
-                self.evicted.append(opened)
+        if opened is not None:
+            self._pool_took(opened)
         return phys
 
     def free_compress(self, type_index, phys):
         pool = self._pool(type_index)
-        slot_freed = pool.return_compress_block(phys)
-        slot = phys // pool.blocks_per_slot
-        if slot_freed and slot < self.num_swa_base and self._pools_holding_compress(slot) == 0:
-            self.swa_free.push(slot)  # the last borrower gave it back
+        if pool.return_compress_block(phys):
+            self._pool_gave_back(phys // pool.blocks_per_slot)
 
     def has_free_compress(self, type_index, n=1):
         return self._pool(type_index).num_slots == 0 or self.free_compress_blocks(type_index) >= n
@@ -499,6 +515,38 @@ class CoordinatorModel:
 
     def pool_slot_is_free(self, type_index, slot):
         return self._pool(type_index).slot_is_free(slot)
+
+    # --- one type's pool through its own methods ---
+    def pool_reserve_slot(self, type_index, slot):
+        pool = self._pool(type_index)
+        if 0 <= slot < self.num_swa_base and pool.slot_is_free(slot):
+            raise StateConflict(f"slot {slot} is in the SWA space, which only the coordinator reserves")
+        return pool.reserve_slot(slot)  # the own region (or False)
+
+    def pool_release_slot(self, type_index, slot):
+        pool = self._pool(type_index)
+        if 0 <= slot < self.num_swa_base and self.swa_role[slot] != RELEASED:
+            raise StateConflict(f"slot {slot} is reserved for the SWA space")
+        pool.release_slot(slot)  # a released shared slot is never reserved in a pool
+
+    def pool_alloc_swa(self, type_index):
+        slot = self._pool(type_index).alloc_swa()
+        self._pool_took(slot)
+        return slot
+
+    def pool_free_swa(self, type_index, slot):
+        self._pool(type_index).free_swa(slot)
+        self._pool_gave_back(slot)
+
+    def pool_claim_swa(self, type_index, slot):
+        self._pool(type_index).claim_swa(slot)
+        self._pool_took(slot)
+
+    def pool_has_free_swa(self, type_index, n=1):
+        return self._pool(type_index).has_free_swa(n)
+
+    def pool_free_slots(self, type_index):
+        return self._pool(type_index).free_slots()
 
     def take_evicted_swa(self):
         taken, self.evicted = self.evicted, []
