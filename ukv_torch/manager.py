@@ -6,6 +6,9 @@ staging tables. This wrapper only names the constructor options and converts
 Python sequences to the 1-D CPU tensors the torch class takes; pass tensors
 directly (int64 ids and counts, int32/int64 tokens) on hot paths.
 
+The order of the calls in a serving step, and what every count means, is in
+docs/serving-loop.md (examples/engine_loop.py follows it).
+
 Table layout: `tables` is `staged_tables_shape(config)` int32
 on the manager's device (or on the host without one); `table_index(config,
 name)` says where each table lies: 'logical', 'swa' (-1: a page not held), and the
@@ -76,6 +79,7 @@ class KvManager:
 
     @classmethod
     def from_torch_object(cls, obj) -> "KvManager":
+        """Wrap an existing ``torch.classes.ukv.KvManager`` (one unpickled or made elsewhere)."""
         self = cls.__new__(cls)
         self.torch_object = obj
         self.config = ServeConfig.decode(obj.config())
@@ -84,6 +88,7 @@ class KvManager:
 
     @property
     def num_types(self) -> int:
+        """The number of compress types: ``len(config.compress_ratios)``."""
         return len(self.config.compress_ratios)
 
     # --- admission ---
@@ -92,22 +97,47 @@ class KvManager:
     NEVER_FITS = -2  # it would not fit with no sequence live: reject the request
 
     def can_allocate(self, tokens: IntsLike) -> int:
-        """The cached prefix in tokens allocate() would give now, or NOT_NOW / NEVER_FITS."""
+        """The cached prefix in tokens allocate() would give now, or NOT_NOW / NEVER_FITS;
+        changes nothing (not even the refusal count)."""
         return self.torch_object.can_allocate(_tokens(tokens))
 
     def allocate(self, seq_id: int, tokens: IntsLike) -> int:
-        """Admit a request: returns its cached prefix in tokens (prefill starts
-        there), or NOT_NOW / NEVER_FITS with nothing changed. ``seq_id`` must be
-        >= 0 and not live; at most max_num_seqs sequences are live at once."""
+        """Admit a request given its known tokens (the prompt, or prompt + generated
+        tokens when a preempted request resumes).
+
+        Returns its cached prefix in tokens, a multiple of block_size below
+        ``len(tokens)``: the KV of those positions is in place and prefill starts
+        there. Or NOT_NOW (wait and retry) / NEVER_FITS (reject) with nothing
+        changed. A yes is a promise: ensure_for_tokens for its chunks cannot run
+        out of memory. ``seq_id`` must be >= 0 and not live; at most
+        max_num_seqs sequences are live at once; more than
+        ``max_blocks_per_seq * block_size`` tokens is a ValueError."""
         return self.torch_object.allocate(seq_id, _tokens(tokens))
 
     # --- prefill ---
     def ensure_for_tokens(self, seq_ids: IntsLike, counts: IntsLike) -> None:
-        """Materialise the SWA blocks of each sequence's next prefill chunk."""
+        """Before a prefill forward: SWA pages for each sequence's next chunk, positions
+        ``[num_computed, num_computed + counts[i])``.
+
+        Always the pages of the chunk's last ``window`` positions, and those of
+        the whole chunk when the pools have room beyond every promise made
+        (``stats()["whole_chunks"]``). The positions that got pages are the ones
+        :func:`ukv_torch.swa_slot_mapping` maps to a row: the model writes SWA KV
+        there. Once per chunk, with its exact count, which commit_prefill then
+        commits. Not for decoding sequences."""
         self.torch_object.ensure_for_tokens(_ids(seq_ids), _ids(counts))
 
     def commit_prefill(self, seq_ids: IntsLike, counts: IntsLike, sampled: Optional[IntsLike] = None) -> None:
-        """Chunks computed; sampled[i] is the token sampled after a prompt's last chunk, -1 for none."""
+        """After the forward: the chunks' KV was computed.
+
+        ``counts[i]`` is exactly what ensure_for_tokens provisioned for the chunk,
+        or 0. ``sampled[i]`` is the token sampled after the prompt's last position,
+        -1 for none (None: all -1); a token is accepted only when the chunk
+        completes the known tokens, and a last chunk committed without one is
+        completed by ``commit_prefill(ids, [0], [token])``. Publishes the full
+        blocks a later request can hit and frees the SWA pages that left the
+        window. Once the token is committed the sequence decodes:
+        ``num_tokens == num_computed + 1`` between steps."""
         ids = _ids(seq_ids)
         samp = torch.full((ids.numel(),), -1, dtype=torch.int32) if sampled is None else _tokens(sampled)
         self.torch_object.commit_prefill(ids, _ids(counts), samp)
@@ -117,7 +147,8 @@ class KvManager:
         """Length of the longest prefix of seq_ids that append() can serve (preempt the rest).
 
         ``num_new_tokens``: positions each sequence computes this step, 1 + its
-        draft tokens (at most 1 + mtp_k): one int for all, or one per sequence."""
+        draft tokens (at most 1 + mtp_k): one int for all, or one per sequence.
+        Order seq_ids by priority. Changes nothing."""
         ids = _ids(seq_ids)
         return self.torch_object.can_append(ids, _counts(num_new_tokens, ids.numel()))
 
@@ -129,35 +160,68 @@ class KvManager:
         self.torch_object.append(ids, _counts(num_new_tokens, ids.numel()))
 
     def commit_decode(self, seq_ids: IntsLike, counts: IntsLike, tokens: IntsLike) -> None:
-        """counts[i] positions of sequence i were computed; tokens are their new token ids, concatenated."""
+        """After the forward and the draft verification: ``counts[i]`` = accepted drafts
+        + 1, in [1, the count append() scheduled], positions whose KV is now final.
+        ``tokens`` are those positions' successors, concatenated per sequence: the
+        accepted drafts, then the bonus token (``sum(counts)`` in all)."""
         self.torch_object.commit_decode(_ids(seq_ids), _ids(counts), _tokens(tokens))
 
     def deallocate(self, seq_ids: Union[int, IntsLike]) -> None:
+        """End sequences, finished or preempted: their blocks and SWA pages are released.
+        Published blocks stay in the prefix cache until their memory is reused, so
+        a preempted request resumed with allocate(all its known tokens) gets back
+        the prefix that survived."""
         self.torch_object.deallocate(_ids([seq_ids] if isinstance(seq_ids, int) else seq_ids))
 
     def clear_cache(self) -> None:
+        """Forget every cached block and SWA page no sequence holds (an ALL_CLEARED event)."""
         self.torch_object.clear_cache()
 
     # --- inspection ---
     def has_sequence(self, seq_id: int) -> bool:
+        """Whether seq_id is live: allocated and not deallocated."""
         return self.torch_object.has_sequence(seq_id)
 
     def num_computed(self, seq_id: int) -> int:
+        """Positions of the sequence whose KV is computed and committed."""
         return self.torch_object.num_computed(seq_id)
 
     def num_tokens(self, seq_id: int) -> int:
+        """Tokens the sequence knows: its prompt, then the committed sampled tokens. A
+        decoding sequence knows one more than it computed: the last sampled token,
+        whose KV the next step computes."""
         return self.torch_object.num_tokens(seq_id)
 
     def logical_table(self, seq_id: int) -> torch.Tensor:
+        """The sequence's logical block ids (int32, one per block)."""
         return self.torch_object.logical_table(seq_id)
 
     def swa_table(self, seq_id: int) -> torch.Tensor:
+        """The sequence's SWA pages (int32, one per page, -1 for a page it does not hold)
+        by the manager's page ids; in the row space the staged 'swa' table holds the
+        units they are in."""
         return self.torch_object.swa_table(seq_id)
 
     def phys_table(self, seq_id: int, type_index: int) -> torch.Tensor:
+        """The sequence's physical compress blocks as staged, for the compress type at
+        ``type_index`` in compress_ratios (``config.type_of_ratio(r)``): logical ids
+        in the static split, envelope ids in the row space (type 0)."""
         return self.torch_object.phys_table(seq_id, type_index)
 
     def stats(self) -> Dict[str, int]:
+        """Counters since construction and gauges of the current state; docs/serving-loop.md
+        ("What stats() reports") describes every key.
+
+        Every layout: num_sequences, free_logical_blocks, free_swa_slots,
+        held_swa_slots, swa_reserved, reclaimable_slots, admissions,
+        admission_refusals, appends, append_refusals, prefix_query_blocks,
+        compressed_hit_blocks, prefix_hit_blocks, reclaimed_slots,
+        reclaimed_blocks, compress_evictions, whole_chunks. The row space adds
+        live_envelopes, cached_envelopes, live_swa_units, cached_swa_units,
+        unheld_rows, envelope_evictions, swa_unit_evictions, envelope_moves,
+        swa_unit_moves, moved_rows; upstream and elastic add swa_evictions,
+        unreleased_borrows and, per compress ratio r, ratio{r}_free_blocks and
+        ratio{r}_borrows."""
         return dict(self.torch_object.stats())
 
     def quota_bounds(self) -> Dict[str, int]:
@@ -169,12 +233,19 @@ class KvManager:
         return self.torch_object.take_events()
 
     def check_invariants(self) -> None:
+        """Verify the internal invariants (admission's promise included); RuntimeError
+        names the first broken one. A test aid: it walks the whole state."""
         self.torch_object.check_invariants()
 
     # --- graph-safe staging ---
     def stage(self, seq_ids: IntsLike) -> None:
         """Write the batch's rows (row i = seq_ids[i]) into the pinned host tables.
-        Waits first until the previous upload no longer reads them."""
+        Waits first until the previous upload no longer reads them.
+
+        Once per step, after the step's allocate / ensure_for_tokens / append and
+        before its forward (a token's batch id is its sequence's row). In the
+        row space it also takes the unit moves since the last stage into
+        :attr:`row_copies`, which must be applied before the step touches KV."""
         self.torch_object.stage(_ids(seq_ids))
 
     def upload(self, rows: int) -> None:
@@ -183,6 +254,7 @@ class KvManager:
         self.torch_object.upload(rows)
 
     def mark_uploaded(self) -> None:
+        """After each replay of a graph that captured upload(): the next stage() waits for that copy."""
         self.torch_object.mark_uploaded()
 
     @property
@@ -205,6 +277,7 @@ class KvManager:
 
     @property
     def host_tables(self) -> torch.Tensor:
+        """The host tables stage() writes (pinned with a device), laid out like :attr:`tables`."""
         return self.torch_object.host_tables()
 
     def table(self, name: Union[str, int]) -> torch.Tensor:
