@@ -326,12 +326,14 @@ KvManager::Admission KvManager::admission(const int32_t* tokens, int64_t n) cons
   std::sort(free_hits.begin(), free_hits.end());
   a.quota = swa_ ? quota_for(nb, false) : 0;
   // The free hits and the fresh blocks go live together; only fresh blocks
-  // without a retained binding need new compress blocks.
+  // without a retained binding need new compress blocks. In the row space a
+  // free hit's cached envelope becomes a live one: it counts as demand too.
   std::vector<int64_t> going_live;
+  const int64_t live_hits = rows_ ? static_cast<int64_t>(free_hits.size()) : 0;
   const auto fits = [&](const FreshBlocks& fresh) {
     going_live = free_hits;
     going_live.insert(going_live.end(), fresh.ids.begin(), fresh.ids.end());
-    return capacity_ok_with_reclaim(a.quota, fresh.demand, going_live);
+    return capacity_ok_with_reclaim(a.quota, fresh.demand + live_hits, going_live);
   };
   a.ok = choose_fresh(nb - a.cached_blocks, free_hits, fits, a.fresh);
   return a;
