@@ -80,12 +80,17 @@ class Draw:
             return (len(s.tokens) > s.num_prompt) == (phase == "decode")
         pool = [sid for sid in self.live if phase is None or self.often("in phase") and in_phase(model.seqs[sid])]
         ids = self.pick(st.lists(st.sampled_from(pool), unique=True, max_size=4), "seq_ids") if pool else []
-        if not self.often("clean batch"):
-            ids.insert(self.pick(st.integers(0, len(ids)), "at"), self.seq_id())
+        if not self.often("clean batch"):  # one id that spoils the batch: a repeat, or an unknown id
+            bad = self.pick(st.sampled_from(ids), "repeat") if ids and self.often("repeat") else \
+                self.pick(st.sampled_from(UNKNOWN_IDS), "unknown id")
+            ids.insert(self.pick(st.integers(0, len(ids)), "at"), bad)
         return ids
 
     def fresh_id(self):
-        return max(self.live, default=0) + 1 if self.often("fresh id") else self.seq_id()
+        """Mostly the lowest id not live (an extreme live id leaves room below it)."""
+        if self.often("fresh id"):
+            return min(set(range(len(self.live) + 1)) - set(self.live))
+        return self.seq_id()
 
     def left(self, sid):
         s = self.run.model.seqs.get(sid)
@@ -286,7 +291,7 @@ def test_every_method_gives_the_model_result_or_refuses_changing_nothing(config)
 
     case()
     for name in BATCH_METHODS:
-        assert outcomes["refused", name] > 0 and outcomes["accepted", name] > 0, (name, outcomes)
+        assert outcomes["refused", name] > 0 and outcomes["accepted", name] > 0, (name, sorted(outcomes.items()))
 
 
 # -------------------------------------------------------------- constructor --
@@ -329,8 +334,8 @@ def test_one_bad_constructor_option_is_refused_naming_it(option, data, unified):
 @pytest.mark.parametrize("num_logical_blocks,num_swa_blocks", [(0, 3), (1, 1), (1, 3), (2, 2), (3, 1)])
 def test_pools_of_zero_one_and_two_blocks_refuse_what_does_not_fit_and_keep_every_promise(
         unified, num_logical_blocks, num_swa_blocks):
-    """Admission says -1 to what cannot fit (everything, with no logical
-    block), what it admits runs to the end exactly like the model, and
+    """Admission refuses what cannot fit (everything, with no logical block:
+    never), what it admits runs to the end exactly like the model, and
     nothing leaks (Serving.run checks all three)."""
     cfg = config(unified, num_logical_blocks=num_logical_blocks, num_swa_blocks=num_swa_blocks, max_blocks_per_seq=4)
     admitted = 0
@@ -344,11 +349,12 @@ def test_pools_of_zero_one_and_two_blocks_refuse_what_does_not_fit_and_keep_ever
 @pytest.mark.parametrize("num_logical_blocks", [0, 1])
 def test_a_manager_without_an_swa_pool_serves_within_its_logical_blocks(num_logical_blocks):
     """window = num_swa_blocks = 0 (no sliding window): no SWA table entries,
-    one logical block serves one block of tokens, then can_append says no."""
+    one logical block serves one block of tokens, then can_append says no;
+    with no logical block a request never fits."""
     m = KvManager(num_logical_blocks=num_logical_blocks, num_swa_blocks=0, window=0, max_num_seqs=2,
                   max_blocks_per_seq=2)
     prompt = list(range(1, 101))
-    assert m.allocate(0, prompt) == (0 if num_logical_blocks else -1)
+    assert m.allocate(0, prompt) == (0 if num_logical_blocks else KvManager.NEVER_FITS)
     if num_logical_blocks:
         m.ensure_for_tokens([0], [100])
         m.commit_prefill([0], [100], [7])
