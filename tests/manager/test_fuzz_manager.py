@@ -6,8 +6,9 @@ step, some sequences prefilling, some decoding, tables staged), then
 makes random calls of any method, on the torch class or through the Python
 wrapper, with arguments of every kind: live, unknown, repeated and extreme
 sequence ids; counts around each sequence's remaining tokens; token ids out of
-range; speculative widths outside [1, 1 + mtp_k]; batch tensors of any dtype,
-rank, device, stride or length.
+range; per-sequence speculative widths outside [1, 1 + mtp_k], or one count
+too few or too many; batch tensors of any dtype, rank, device, stride or
+length.
 
   * A refused call raises ValueError / TypeError / RuntimeError whose message
     names what was wrong, and leaves the manager exactly as before: its
@@ -129,6 +130,13 @@ class Draw:
             return self.pick(st.integers(1, 1 + mtp), "num_new_tokens")
         return self.pick(st.sampled_from([2 + mtp, 0, -1, 2**63 - 1]), "bad num_new_tokens")
 
+    def widths(self, ids):
+        """One width per sequence; sometimes one count too few or too many."""
+        out = [self.width() for _ in ids]
+        if not self.often("one per sequence"):
+            out = out[:-1] if out and self.often("fewer") else out + [1]
+        return out
+
     def layout(self, accepted):
         """A tensor layout; "list" means: call through the Python wrapper with lists."""
         layout = self.pick(st.sampled_from(["list", "contiguous"] if self.often("plain") else ID_LAYOUTS), "layout")
@@ -142,8 +150,8 @@ METHODS = {
     "allocate": ("iT", r"tokens|token|sequence"),
     "ensure_for_tokens": ("IC", r"seq_ids|counts|sequence|same length|chunk"),
     "commit_prefill": ("ICS", r"seq_ids|counts|sampled|sequence|same length"),
-    "can_append": ("Iq", r"seq_ids|num_new_tokens|sequence"),
-    "append": ("Iq", r"seq_ids|num_new_tokens|sequence"),
+    "can_append": ("IW", r"seq_ids|num_new_tokens|sequence"),
+    "append": ("IW", r"seq_ids|num_new_tokens|sequence"),
     "commit_decode": ("ICD", r"seq_ids|counts|tokens|sequence|same length"),
     "deallocate": ("I", r"seq_ids|sequence"),
     "stage": ("I", r"seq_ids|sequence|stage"),
@@ -188,14 +196,14 @@ def draw_call(draw, name):
             values.append(draw.tokens())
         elif kind == "i":
             values.append(draw.fresh_id() if name == "allocate" else draw.seq_id())
-        elif kind == "q":
-            values.append(draw.width())
+        elif kind == "W":
+            values.append(draw.widths(values[0]))
         elif kind == "t":
             values.append(draw.pick(st.sampled_from([-1, 0, 1, 2, 2**63 - 1]), "type"))
         else:  # "r": staging rows
             rows = draw.run.cfg["max_num_seqs"]
             values.append(draw.pick(st.sampled_from([-1, 0, 1, rows, rows + 1]), "rows"))
-    tensors = [v for kind, v in zip(METHODS[name][0], values) if kind in "ICSDT"]
+    tensors = [v for kind, v in zip(METHODS[name][0], values) if kind in "ICSDTW"]
     if not tensors:
         return values, "list", True
     layout, well_formed = draw.layout(ACCEPTED_TOKEN_LAYOUTS if "T" in METHODS[name][0] else ACCEPTED_ID_LAYOUTS)
@@ -206,7 +214,7 @@ def draw_call(draw, name):
 
 def torch_arguments(name, values, layout):
     """The call's tensor arguments (ids, counts, tokens) in `layout`, int64 based."""
-    return [in_layout(v, layout) if kind in "ICSDT" else v for kind, v in zip(METHODS[name][0], values)]
+    return [in_layout(v, layout) if kind in "ICSDTW" else v for kind, v in zip(METHODS[name][0], values)]
 
 
 def make_call(run, name, values, layout):
@@ -338,12 +346,14 @@ def test_pools_of_zero_one_and_two_blocks_refuse_what_does_not_fit_and_keep_ever
     never), what it admits runs to the end exactly like the model, and
     nothing leaks (Serving.run checks all three)."""
     cfg = config(unified, num_logical_blocks=num_logical_blocks, num_swa_blocks=num_swa_blocks, max_blocks_per_seq=4)
-    admitted = 0
+    admitted = never = 0
     for seed in range(3):
         run = Serving(cfg, seed)
         run.run(steps=25)
         admitted += run.cpp.stats()["admissions"]
+        never += run.never_fits
     assert (admitted > 0) == (num_logical_blocks > 0)
+    assert never > 0  # requests longer than the pools hold are refused for good, not left waiting
 
 
 @pytest.mark.parametrize("num_logical_blocks", [0, 1])
