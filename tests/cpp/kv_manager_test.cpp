@@ -2,6 +2,7 @@
 // The randomized model-based serving test lives in tests/test_kv_manager_model.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
@@ -267,6 +268,37 @@ TEST(KvManager, ElasticAdmissionBorrowsSwaSlotsSwaNeverUsed) {
     EXPECT_EQ(copy->config().layout, KvLayout::Elastic);
     EXPECT_EQ(copy->to_state(), m.to_state());
   }
+}
+
+// Row space of 10 envelopes and 10 SWA units of 10 rows each. A 4-block
+// prompt leaves 3 cached envelopes; a 2-block sequence then holds 2 live
+// envelopes and 2 reserved pages. The prompt again: 3 free hits go live
+// beside 1 fresh block, and its quota is 4 pages: 10 * (2 + 4) + 10 * (2 + 4)
+// rows exceed the 100, so the answer must be not now (counting only the fresh
+// block said yes, and allocate then broke the promise it had just made).
+TEST(KvManager, RowSpaceAdmissionCountsFreeHitsAsLiveEnvelopes) {
+  Config c = small_config(true);
+  c.serve.layout = KvLayout::RowSpace;
+  c.pools = PoolSizes{};
+  c.pools.total_rows = 100;
+  c.pools.envelope_rows = 10;
+  c.pools.swa_unit_rows = 10;
+  KvManager m(c.serve, c.pools);
+  const auto a = tokens(3 * kBs + 1, 1);
+  ASSERT_EQ(m.allocate(1, a.data(), 3 * kBs + 1), 0);
+  for (int64_t done = 0; done < 3 * kBs + 1; done += kBs)  // block-sized chunks: every page published
+    chunk(m, 1, std::min(kBs, 3 * kBs + 1 - done), done + kBs >= 3 * kBs + 1 ? 7 : -1);
+  const int64_t first = 1;
+  m.deallocate(&first, 1);
+  const auto b = tokens(200, 2);
+  ASSERT_EQ(m.allocate(2, b.data(), 200), 0);
+  EXPECT_EQ(m.can_allocate(a.data(), 3 * kBs + 1), KvManager::kNotNow);
+  EXPECT_EQ(m.allocate(3, a.data(), 3 * kBs + 1), KvManager::kNotNow);
+  m.check_invariants();
+  const int64_t second = 2;
+  m.deallocate(&second, 1);
+  EXPECT_EQ(m.allocate(3, a.data(), 3 * kBs + 1), 3 * kBs);  // alone it fits, with its hits
+  m.check_invariants();
 }
 
 }  // namespace

@@ -6,8 +6,9 @@ step, some sequences prefilling, some decoding, tables staged), then
 makes random calls of any method, on the torch class or through the Python
 wrapper, with arguments of every kind: live, unknown, repeated and extreme
 sequence ids; counts around each sequence's remaining tokens; token ids out of
-range; speculative widths outside [1, 1 + mtp_k]; batch tensors of any dtype,
-rank, device, stride or length.
+range; per-sequence speculative widths outside [1, 1 + mtp_k], or one count
+too few or too many; batch tensors of any dtype, rank, device, stride or
+length.
 
   * A refused call raises ValueError / TypeError / RuntimeError whose message
     names what was wrong, and leaves the manager exactly as before: its
@@ -80,12 +81,17 @@ class Draw:
             return (len(s.tokens) > s.num_prompt) == (phase == "decode")
         pool = [sid for sid in self.live if phase is None or self.often("in phase") and in_phase(model.seqs[sid])]
         ids = self.pick(st.lists(st.sampled_from(pool), unique=True, max_size=4), "seq_ids") if pool else []
-        if not self.often("clean batch"):
-            ids.insert(self.pick(st.integers(0, len(ids)), "at"), self.seq_id())
+        if not self.often("clean batch"):  # one id that spoils the batch: a repeat, or an unknown id
+            bad = self.pick(st.sampled_from(ids), "repeat") if ids and self.often("repeat") else \
+                self.pick(st.sampled_from(UNKNOWN_IDS), "unknown id")
+            ids.insert(self.pick(st.integers(0, len(ids)), "at"), bad)
         return ids
 
     def fresh_id(self):
-        return max(self.live, default=0) + 1 if self.often("fresh id") else self.seq_id()
+        """Mostly the lowest id not live (an extreme live id leaves room below it)."""
+        if self.often("fresh id"):
+            return min(set(range(len(self.live) + 1)) - set(self.live))
+        return self.seq_id()
 
     def left(self, sid):
         s = self.run.model.seqs.get(sid)
@@ -124,6 +130,13 @@ class Draw:
             return self.pick(st.integers(1, 1 + mtp), "num_new_tokens")
         return self.pick(st.sampled_from([2 + mtp, 0, -1, 2**63 - 1]), "bad num_new_tokens")
 
+    def widths(self, ids):
+        """One width per sequence; sometimes one count too few or too many."""
+        out = [self.width() for _ in ids]
+        if not self.often("one per sequence"):
+            out = out[:-1] if out and self.often("fewer") else out + [1]
+        return out
+
     def layout(self, accepted):
         """A tensor layout; "list" means: call through the Python wrapper with lists."""
         layout = self.pick(st.sampled_from(["list", "contiguous"] if self.often("plain") else ID_LAYOUTS), "layout")
@@ -137,8 +150,8 @@ METHODS = {
     "allocate": ("iT", r"tokens|token|sequence"),
     "ensure_for_tokens": ("IC", r"seq_ids|counts|sequence|same length|chunk"),
     "commit_prefill": ("ICS", r"seq_ids|counts|sampled|sequence|same length"),
-    "can_append": ("Iq", r"seq_ids|num_new_tokens|sequence"),
-    "append": ("Iq", r"seq_ids|num_new_tokens|sequence"),
+    "can_append": ("IW", r"seq_ids|num_new_tokens|sequence"),
+    "append": ("IW", r"seq_ids|num_new_tokens|sequence"),
     "commit_decode": ("ICD", r"seq_ids|counts|tokens|sequence|same length"),
     "deallocate": ("I", r"seq_ids|sequence"),
     "stage": ("I", r"seq_ids|sequence|stage"),
@@ -183,14 +196,14 @@ def draw_call(draw, name):
             values.append(draw.tokens())
         elif kind == "i":
             values.append(draw.fresh_id() if name == "allocate" else draw.seq_id())
-        elif kind == "q":
-            values.append(draw.width())
+        elif kind == "W":
+            values.append(draw.widths(values[0]))
         elif kind == "t":
             values.append(draw.pick(st.sampled_from([-1, 0, 1, 2, 2**63 - 1]), "type"))
         else:  # "r": staging rows
             rows = draw.run.cfg["max_num_seqs"]
             values.append(draw.pick(st.sampled_from([-1, 0, 1, rows, rows + 1]), "rows"))
-    tensors = [v for kind, v in zip(METHODS[name][0], values) if kind in "ICSDT"]
+    tensors = [v for kind, v in zip(METHODS[name][0], values) if kind in "ICSDTW"]
     if not tensors:
         return values, "list", True
     layout, well_formed = draw.layout(ACCEPTED_TOKEN_LAYOUTS if "T" in METHODS[name][0] else ACCEPTED_ID_LAYOUTS)
@@ -201,7 +214,7 @@ def draw_call(draw, name):
 
 def torch_arguments(name, values, layout):
     """The call's tensor arguments (ids, counts, tokens) in `layout`, int64 based."""
-    return [in_layout(v, layout) if kind in "ICSDT" else v for kind, v in zip(METHODS[name][0], values)]
+    return [in_layout(v, layout) if kind in "ICSDTW" else v for kind, v in zip(METHODS[name][0], values)]
 
 
 def make_call(run, name, values, layout):
@@ -286,7 +299,7 @@ def test_every_method_gives_the_model_result_or_refuses_changing_nothing(config)
 
     case()
     for name in BATCH_METHODS:
-        assert outcomes["refused", name] > 0 and outcomes["accepted", name] > 0, (name, outcomes)
+        assert outcomes["refused", name] > 0 and outcomes["accepted", name] > 0, (name, sorted(outcomes.items()))
 
 
 # -------------------------------------------------------------- constructor --
@@ -329,26 +342,29 @@ def test_one_bad_constructor_option_is_refused_naming_it(option, data, unified):
 @pytest.mark.parametrize("num_logical_blocks,num_swa_blocks", [(0, 3), (1, 1), (1, 3), (2, 2), (3, 1)])
 def test_pools_of_zero_one_and_two_blocks_refuse_what_does_not_fit_and_keep_every_promise(
         unified, num_logical_blocks, num_swa_blocks):
-    """Admission says -1 to what cannot fit (everything, with no logical
-    block), what it admits runs to the end exactly like the model, and
+    """Admission refuses what cannot fit (everything, with no logical block:
+    never), what it admits runs to the end exactly like the model, and
     nothing leaks (Serving.run checks all three)."""
     cfg = config(unified, num_logical_blocks=num_logical_blocks, num_swa_blocks=num_swa_blocks, max_blocks_per_seq=4)
-    admitted = 0
+    admitted = never = 0
     for seed in range(3):
         run = Serving(cfg, seed)
         run.run(steps=25)
         admitted += run.cpp.stats()["admissions"]
+        never += run.never_fits
     assert (admitted > 0) == (num_logical_blocks > 0)
+    assert never > 0  # requests longer than the pools hold are refused for good, not left waiting
 
 
 @pytest.mark.parametrize("num_logical_blocks", [0, 1])
 def test_a_manager_without_an_swa_pool_serves_within_its_logical_blocks(num_logical_blocks):
     """window = num_swa_blocks = 0 (no sliding window): no SWA table entries,
-    one logical block serves one block of tokens, then can_append says no."""
+    one logical block serves one block of tokens, then can_append says no;
+    with no logical block a request never fits."""
     m = KvManager(num_logical_blocks=num_logical_blocks, num_swa_blocks=0, window=0, max_num_seqs=2,
                   max_blocks_per_seq=2)
     prompt = list(range(1, 101))
-    assert m.allocate(0, prompt) == (0 if num_logical_blocks else -1)
+    assert m.allocate(0, prompt) == (0 if num_logical_blocks else KvManager.NEVER_FITS)
     if num_logical_blocks:
         m.ensure_for_tokens([0], [100])
         m.commit_prefill([0], [100], [7])

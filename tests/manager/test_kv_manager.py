@@ -4,47 +4,30 @@ threads and graph-safe staging. Expected values are derived by hand from
 SPEC.md / ARCHITECTURE.md; the randomized whole-run comparison with the
 pure-Python model is in test_kv_manager_model.py.
 """
+import itertools
 import random
 
 import pytest
 import torch
 
 import ukv_torch
+from support.manager_steps import BS, decode, options, pair, prefill, state, tokens
 from ukv_torch import KvManager
-
-BS = 128
 
 
 def manager(unified=True, **overrides):
-    options = dict(num_logical_blocks=32, num_swa_blocks=16, unified=unified, max_num_seqs=8, max_blocks_per_seq=16)
-    options.update(overrides)
-    return KvManager(**options)
+    opts = dict(num_logical_blocks=32, num_swa_blocks=16, unified=unified, max_num_seqs=8, max_blocks_per_seq=16)
+    opts.update(overrides)
+    return KvManager(**opts)
 
 
-def tokens(n, seed):
-    rng = random.Random(seed)
-    return [rng.randrange(1, 1 << 20) for _ in range(n)]
-
-
-def prefill(m, sid, toks, chunk=None, sampled=7):
-    """Prefill the uncomputed part of a prompt in chunks (whole when chunk is None)."""
-    left = len(toks) - m.num_computed(sid)
-    while left > 0:
-        n = left if chunk is None else min(chunk, left)
-        m.ensure_for_tokens([sid], [n])
-        left -= n
-        m.commit_prefill([sid], [n], [sampled if left == 0 else -1])
-
-
-def decode(m, sid, steps=1, token=9):
-    for _ in range(steps):
-        assert m.can_append([sid]) == 1
-        m.append([sid])
-        m.commit_decode([sid], [1], [token])
-
-
-def state(m):
-    return m.torch_object.__getstate__()
+def tightest_swa_pool(unified, request, **overrides):
+    """The manager with the fewest SWA blocks that admit `request`: its promise
+    and nothing beyond it, so no page outside a chunk's window can be lent."""
+    for n in itertools.count(1):
+        m = manager(unified, num_swa_blocks=n, **overrides)
+        if m.can_allocate(request) >= 0:
+            return m
 
 
 layouts = pytest.mark.parametrize("unified", [True, False], ids=["unified", "static"])
@@ -111,7 +94,7 @@ def test_clear_cache_drops_checkpoint_pins(unified):
     m.deallocate([1])
     pinned = m.stats()["held_swa_slots"]
     assert 0 < pinned <= 8  # checkpoints of a freed prompt stay pinned (capacity 32 * 0.25)
-    assert m.can_allocate(toks + [1]) == 7  # and serve its prefix
+    assert m.can_allocate(toks + [1]) == 7 * BS  # and serve its prefix
     m.clear_cache()
     assert m.stats()["held_swa_slots"] == 0
     assert m.can_allocate(toks + [1]) == 0
@@ -139,7 +122,7 @@ def test_h5_and_ha_compress_borrows_only_when_its_own_region_is_full_and_drops_t
     assert m.phys_table(3, 0).tolist() == [0]  # base 0: compress block 0 = the rows of SWA slot 0
     m.deallocate([3, 1])  # everything cached: the probes below fit, so they show what hits
     assert m.can_allocate(a[:BS] + tokens(50, 2)) == 0  # the evicted SWA entry is never hit again (H-a)
-    assert m.can_allocate(a[:2 * BS] + [5]) == 2        # block 1's window (slot 1) is still cached
+    assert m.can_allocate(a[:2 * BS] + [5]) == 2 * BS   # block 1's window (slot 1) is still cached
     m.check_invariants()
 
 
@@ -158,14 +141,14 @@ def test_a_cached_binding_stands_in_before_compress_borrows_a_shared_slot():
     assert (st["ratio1_borrows"], st["swa_evictions"], st["compress_evictions"]) == (0, 0, 1)
     assert m.logical_table(3).tolist() == [1] and m.phys_table(3, 0).tolist() == [a_phys[1]]
     m.deallocate([2, 3])
-    assert m.can_allocate(a + [5]) == 1    # block 0 is still cached, block 1 is not
+    assert m.can_allocate(a + [5]) == BS   # block 0 is still cached, block 1 is not
     m.check_invariants()
 
 
 def test_h2_a_yes_is_a_promise_under_swa_pressure():
     m = manager(True, num_swa_blocks=8)  # quota 4 blocks per long sequence
     prompts = [tokens(600, i) for i in range(3)]
-    assert [m.allocate(i, p) for i, p in enumerate(prompts)] == [0, 0, -1]  # 2 quotas fill the 8 slots
+    assert [m.allocate(i, p) for i, p in enumerate(prompts)] == [0, 0, KvManager.NOT_NOW]  # 2 quotas fill the 8 slots
     assert m.stats()["swa_reserved"] == 8
     assert m.stats()["free_swa_slots"] == 8  # upstream counted these free slots and admitted a third
     for i in range(2):
@@ -243,8 +226,8 @@ def test_a_fresh_request_takes_the_coldest_cached_bindings_when_compress_is_full
     assert m.stats()["compress_evictions"] == 4
     assert sorted(m.take_events()) == sorted((1, as_int64(h[i]), 0, False) for i in range(4))
     # Past what evicting every cached block gives, the answer is no and nothing changes.
-    assert m.can_allocate(tokens(2 * BS, 3)) == -1  # 2 compress + 2 SWA, 1 block left
-    assert m.allocate(3, tokens(2 * BS, 3)) == -1
+    assert m.can_allocate(tokens(2 * BS, 3)) == KvManager.NOT_NOW  # 2 compress + 2 SWA, 1 block left
+    assert m.allocate(3, tokens(2 * BS, 3)) == KvManager.NOT_NOW
     assert m.stats()["compress_evictions"] == 4 and m.take_events() == []
     assert m.logical_table(2).tolist() == [4, 3, 2, 1, 0] and not m.has_sequence(3)
     assert m.stats()["free_logical_blocks"] == 5
@@ -252,18 +235,64 @@ def test_a_fresh_request_takes_the_coldest_cached_bindings_when_compress_is_full
 
 
 @layouts
-def test_h7_partly_written_swa_blocks_are_never_hit(unified):
+def test_a_one_chunk_prompt_is_hit_whole_when_the_pool_has_room(unified):
+    """Room beyond every promise: the chunk's pages below its window are lent
+    too, so a one-chunk prompt is hit like a chunked one (the chunking does
+    not decide what is cached)."""
     m = manager(unified)
     t = tokens(300, 1)
     m.allocate(1, t)
-    prefill(m, 1, t)  # one chunk: SWA rows of positions [172, 300) only; block 1 is partial
+    prefill(m, 1, t)
+    assert m.stats()["whole_chunks"] == 1
     m.deallocate([1])
-    assert m.can_allocate(t + tokens(300, 2)) == 0
-    m2 = manager(unified)
-    m2.allocate(1, t)
-    prefill(m2, 1, t, chunk=BS)  # whole blocks written
-    m2.deallocate([1])
-    assert m2.can_allocate(t + tokens(300, 2)) == 2
+    assert m.can_allocate(t + tokens(300, 2)) == 2 * BS
+
+
+@layouts
+def test_h7_pages_a_window_reaches_into_are_written_whole_and_hit(unified):
+    """No room beyond the promise: a one-chunk prefill writes its last window
+    only, [172, 300) here. The model writes every position of every page the
+    chunk holds, so block 1, which the window reaches into, is written whole
+    and a hit ending at it is served; block 0's page was never written."""
+    t = tokens(300, 1)
+    m = tightest_swa_pool(unified, t)
+    m.allocate(1, t)
+    prefill(m, 1, t)
+    assert m.stats()["whole_chunks"] == 0
+    m.deallocate([1])
+    assert m.can_allocate(t + [5]) == 2 * BS
+    assert m.can_allocate(t[:BS] + [5]) == 0  # block 0's own trailing window is missing
+
+
+def tightest_row_space(request, **overrides):
+    """A row space of 32-token pages with the rows `request` needs and not one unit more."""
+    for units in itertools.count(1):
+        m, _ = pair("row_space", total_rows=3 * 40 + units * 32, **overrides)
+        if m.can_allocate(request) >= 0:
+            return m
+
+
+def test_h7_a_partly_written_trailing_window_is_neither_published_nor_hit():
+    """Pages of 32 tokens, smaller than the window: a one-chunk prefill with
+    no room beyond the promise writes pages 5..9 ([160, 300)), but a hit at
+    block 2 needs pages 4..7 (tail_pages 4) and one at block 1 pages 0..3.
+    So no boundary can be served, and no block is published (no stored event
+    names a block no later request could hit); chunked by blocks, every page
+    is written and both full blocks are hit."""
+    t = tokens(300, 1)
+    m = tightest_row_space(t)
+    assert m.quota_bounds()["tail_pages"] == 4
+    m.allocate(1, t)
+    prefill(m, 1, t)
+    assert m.stats()["whole_chunks"] == 0
+    assert m.take_events() == []
+    m.deallocate([1])
+    assert m.can_allocate(t + [5]) == 0
+    m.allocate(2, t)
+    prefill(m, 2, t, chunk=BS)
+    assert [kind for kind, *_ in m.take_events()] == [0, 0]
+    m.deallocate([2])
+    assert m.can_allocate(t + [5]) == 2 * BS
 
 
 @layouts
@@ -282,19 +311,42 @@ def test_hj_chunked_prefill_frees_with_the_computed_length(unified):
     assert m.swa_table(1).tolist()[:3] == [-1, -1, -1]
 
 
-@pytest.mark.parametrize("mtp_k,tail", [(0, 1), (2, 2)])
-def test_ho_stale_window_hit_refused(mtp_k, tail):
-    m = manager(True, mtp_k=mtp_k)
-    assert m.quota_bounds()["tail_pages"] == tail
+def test_ho_stale_window_hit_refused():
+    """No room beyond the promise: a one-chunk 512-token prompt writes page 3
+    only. Its 4 blocks are published (a hit ending at block 4 could be
+    served), so a later request matches 3 compress blocks, but their trailing
+    window was never written: the gate refuses the stale hit."""
     t = tokens(512, 1)
+    m = tightest_swa_pool(True, t)
     m.allocate(1, t)
-    prefill(m, 1, t)  # one chunk: only the last window's SWA rows exist
+    prefill(m, 1, t)
+    assert [kind for kind, *_ in m.take_events()] == [0] * 4
     m.deallocate([1])
-    assert m.can_allocate(t) == 0  # compress blocks 0..2 match, their SWA window was never written
+    assert m.can_allocate(t) == 0
+    m.allocate(2, t)
+    st = m.stats()
+    assert (st["compressed_hit_blocks"], st["prefix_hit_blocks"]) == (3, 0)
+    prefill(m, 2, t, chunk=BS)  # each chunk is its own window: every page written
+    m.deallocate([2])
+    assert m.can_allocate(t) == 3 * BS
+
+
+def test_a_boundary_whose_longer_swa_tail_was_not_written_is_not_published():
+    """With 2 speculative tokens a hit needs the 2 pages before its boundary.
+    A one-chunk prompt without room writes its last window, one page before
+    each boundary at most: nothing is published, and nothing is hit."""
+    t = tokens(512, 1)
+    m = tightest_swa_pool(True, t, mtp_k=2)
+    assert m.quota_bounds()["tail_pages"] == 2
+    m.allocate(1, t)
+    prefill(m, 1, t)
+    assert m.take_events() == []
+    m.deallocate([1])
+    assert m.can_allocate(t) == 0
     m.allocate(2, t)
     prefill(m, 2, t, chunk=BS)
     m.deallocate([2])
-    assert m.can_allocate(t) == 3
+    assert m.can_allocate(t) == 3 * BS
 
 
 # --------------------------------------------------------------- bad inputs --
@@ -324,12 +376,18 @@ BAD_CALLS = [
     ("commit_prefill", lambda o: o.commit_prefill(torch.tensor([1]), torch.tensor([10]), torch.tensor([5])), "sampled"),
     ("commit_prefill", lambda o: o.commit_prefill(torch.tensor([1]), torch.tensor([10]), torch.tensor([-2])), "sampled"),
     ("commit_prefill", lambda o: o.commit_prefill(torch.tensor([1]), torch.tensor([10]), torch.tensor([1, 2])), "same length"),
-    ("can_append", lambda o: o.can_append(torch.tensor([2]), 3), "num_new_tokens"),
-    ("can_append", lambda o: o.can_append(torch.tensor([2]), 0), "num_new_tokens"),
-    ("can_append", lambda o: o.can_append(torch.tensor([2, 1]), 1), "not decoding"),
-    ("can_append", lambda o: o.can_append(torch.tensor([[2]]), 1), "seq_ids"),
-    ("append", lambda o: o.append(torch.tensor([2, 2]), 1), "twice"),
-    ("append", lambda o: o.append(torch.tensor([2, 9]), 1), "unknown sequence"),
+    ("allocate", lambda o: o.allocate(-1, torch.ones(3, dtype=torch.int32)), "sequence ids must be >= 0"),
+    ("commit_prefill", lambda o: o.commit_prefill(torch.tensor([1]), torch.tensor([10]), torch.tensor([-1])),
+     "provisioned 0"),
+    ("can_append", lambda o: o.can_append(torch.tensor([2]), torch.tensor([3])), "num_new_tokens"),
+    ("can_append", lambda o: o.can_append(torch.tensor([2]), torch.tensor([0])), "num_new_tokens"),
+    ("can_append", lambda o: o.can_append(torch.tensor([2]), torch.tensor([1, 1])), "same length"),
+    ("can_append", lambda o: o.can_append(torch.tensor([2]), torch.tensor([1], dtype=torch.int32)), "num_new_tokens"),
+    ("can_append", lambda o: o.can_append(torch.tensor([2, 1]), torch.tensor([1, 1])), "not decoding"),
+    ("can_append", lambda o: o.can_append(torch.tensor([[2]]), torch.tensor([1])), "seq_ids"),
+    ("append", lambda o: o.append(torch.tensor([2]), 1), "num_new_tokens"),  # one count per sequence, a tensor
+    ("append", lambda o: o.append(torch.tensor([2, 2]), torch.tensor([1, 1])), "twice"),
+    ("append", lambda o: o.append(torch.tensor([2, 9]), torch.tensor([1, 1])), "unknown sequence"),
     ("commit_decode", lambda o: o.commit_decode(torch.tensor([2]), torch.tensor([1]), torch.tensor([1, 2])), r"sum\(counts\)"),
     ("commit_decode", lambda o: o.commit_decode(torch.tensor([1]), torch.tensor([1]), torch.tensor([1])), "not decoding"),
     ("deallocate", lambda o: o.deallocate(torch.tensor([2, 9])), "unknown sequence"),
@@ -475,7 +533,7 @@ def test_stats_count_admissions_hits_and_refusals():
     prefill(m, 1, t, chunk=BS)
     m.deallocate([1])
     assert m.allocate(2, t) == 3 * BS
-    assert m.allocate(3, tokens(8 * BS, 3)) == -1  # 8 more blocks do not fit beside sequence 2
+    assert m.allocate(3, tokens(8 * BS, 3)) == KvManager.NOT_NOW  # 8 more blocks do not fit beside sequence 2
     st = m.stats()
     assert (st["admissions"], st["admission_refusals"]) == (2, 1)
     assert (st["prefix_query_blocks"], st["compressed_hit_blocks"], st["prefix_hit_blocks"]) == (8, 3, 3)

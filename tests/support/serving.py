@@ -2,12 +2,14 @@
 ukv_torch.KvManager and the pure-Python KvManagerModel
 (ukv_torch.testing.kv_manager_model) through one engine run and checks after
 every call; DeviceMemory simulates what each KV row holds; CONFIGS are the
-manager configurations the runs cover."""
+slot-layout configurations the runs cover (the row space's are in
+support.row_space_serving)."""
 import collections
 import random
 
 import ukv_torch
-from ukv_torch.testing.kv_manager_model import KvManagerModel
+from ukv_torch.testing.allocator_model import ceil_div
+from ukv_torch.testing.kv_manager_model import NEVER_FITS, PLACEMENT_STATS, KvManagerModel
 
 
 def prefix_keys(tokens, upto, keys):
@@ -23,7 +25,8 @@ class DeviceMemory:
     whose KV was written there (None = never written).
 
     Tensor 'dense' has the SWA rows only; compress tensor t has the SWA rows
-    [0, swa_pages) too, and its compress rows at base + phys * k.
+    [0, swa_pages) too, and its compress rows at base + phys * k. An SWA page
+    is a block here: page w is rows [w * bs, (w + 1) * bs).
     """
 
     def __init__(self, cfg, ks, type_rows, compress_base):
@@ -34,26 +37,26 @@ class DeviceMemory:
         self.dense = [None] * self.swa_rows
         self.types = [[None] * rows for rows in type_rows]
 
-    def write_swa(self, slot, pos, key):
-        assert slot >= 0, "a forward writes SWA rows through a -1 table entry"
-        row = slot * self.bs + pos % self.bs
+    def write_swa(self, page, pos, key):
+        assert page >= 0, "a forward writes SWA rows through a -1 table entry"
+        row = page * self.bs + pos % self.bs
         self.dense[row] = key
         for mem in self.types:
             mem[row] = key
 
-    def read_swa(self, slot, pos):
-        assert slot >= 0, "a forward reads SWA rows through a -1 table entry"
-        row = slot * self.bs + pos % self.bs
-        return [self.dense[row]] + [mem[row] for mem in self.types]
-
-    def compress_row(self, t, phys, entry):
-        return self.base + phys * self.ks[t] + entry
+    def read_swa(self, page, lo, hi):
+        """What each tensor holds for positions [lo, hi) of one page."""
+        assert page >= 0, "a forward reads SWA rows through a -1 table entry"
+        first = page * self.bs + lo % self.bs
+        return [mem[first:first + hi - lo] for mem in [self.dense] + self.types]
 
     def write_compress(self, t, phys, entry, key):
-        self.types[t][self.compress_row(t, phys, entry)] = key
+        self.types[t][self.base + phys * self.ks[t] + entry] = key
 
-    def read_compress(self, t, phys, entry):
-        return self.types[t][self.compress_row(t, phys, entry)]
+    def read_compress(self, t, phys, lo, hi):
+        """Entries [lo, hi) of compress block phys of type t."""
+        first = self.base + phys * self.ks[t]
+        return self.types[t][first + lo:first + hi]
 
 
 class Serving:
@@ -64,26 +67,27 @@ class Serving:
         self.rng = random.Random(seed)
         self.cpp = ukv_torch.KvManager(**cfg)
         self.model = KvManagerModel(**cfg)
-        bs, ns, nb = cfg["block_size"], cfg["num_swa_blocks"], cfg["num_logical_blocks"]
-        self.bs = bs
+        self.bs = cfg["block_size"]
+        self.page = self.cpp.config.swa_page
         self.ks, self.ratios = list(self.cpp.config.compress_ks), list(self.cpp.config.compress_ratios)
         self.window = cfg.get("window", 128)
         self.mtp_k = cfg.get("mtp_k", 0)
-        self.unified = cfg.get("unified", True)
-        if self.unified:
-            slots = cfg.get("type_slots") or ukv_torch.slot_counts(ns, nb, self.ratios, bs)
-            rows = [s * bs for s in slots]
-            base = 0
-        else:
-            rows = [ns * bs + nb * k for k in self.ks]
-            base = ns * bs
-        self.mem = DeviceMemory(cfg, self.ks, rows, base)
-        self.seqs = {}              # seq id -> dict(tokens, keys, target, phase)
+        self.mem = self.make_memory()
+        self.seqs = {}              # seq id -> dict(tokens, keys, target)
         self.waiting = collections.deque()
         self.finished_tokens = []   # for repeats and multi-turn follow-ups
         self.next_id = 0
         self.calls = 0
-        self.system_prompts = [self.fresh(n) for n in (2 * bs, 3 * bs + 17, bs + 50)]
+        self.never_fits = 0         # requests refused for good (and dropped)
+        self.system_prompts = [self.fresh(n) for n in (2 * self.bs, 3 * self.bs + 17, self.bs + 50)]
+
+    def make_memory(self):
+        cfg, bs = self.cfg, self.bs
+        ns, nb = cfg["num_swa_blocks"], cfg["num_logical_blocks"]
+        if self.cpp.config.unified:
+            slots = cfg.get("type_slots") or ukv_torch.slot_counts(ns, nb, self.ratios, bs)
+            return DeviceMemory(cfg, self.ks, [s * bs for s in slots], 0)
+        return DeviceMemory(cfg, self.ks, [ns * bs + nb * k for k in self.ks], ns * bs)
 
     # ------------------------------------------------------------ plumbing --
     def fresh(self, n):
@@ -96,9 +100,12 @@ class Serving:
         want = getattr(self.model, name)(*args)
         assert got == want, f"{name}{args[:1]}: C++ {got} != model {want}"
         self.cpp.check_invariants()
-        assert self.cpp.stats() == self.model.stats(), name
+        assert self.cpp_stats() == self.model.stats(), name
         assert self.cpp.take_events() == self.model.take_events(), name
         return got
+
+    def cpp_stats(self):
+        return {k: v for k, v in self.cpp.stats().items() if k not in PLACEMENT_STATS}
 
     def compare_tables(self, sid):
         for name in ("logical_table", "swa_table"):
@@ -109,8 +116,14 @@ class Serving:
         assert self.cpp.num_tokens(sid) == self.model.num_tokens(sid)
 
     def tables(self, sid):
+        """(logical blocks, the SWA table's entries, each compress type's physical
+        blocks) as the forward addresses memory with them."""
         return (self.model.logical_table(sid), self.model.swa_table(sid),
                 [self.model.phys_table(sid, t) for t in range(len(self.ks))])
+
+    def placed(self):
+        """Called after every call that may give out memory, before the step
+        touches it (the row space applies its moves here)."""
 
     # ------------------------------------------------- simulated forwards --
     def keys(self, sid, upto):
@@ -122,24 +135,33 @@ class Serving:
         and every compress entry completed before start."""
         _, swa, phys = self.tables(sid)
         keys = self.keys(sid, start)
-        for p in range(max(0, start - self.window + 1), start):
-            assert self.mem.read_swa(swa[p // self.bs], p) == [keys[p]] * (1 + len(self.ks)), \
-                f"seq {sid} reads stale SWA row of position {p}"
+        self.check_swa(sid, swa, keys, max(0, start - self.window + 1), start)
         self.check_compress(sid, phys, keys, start)
 
+    def check_swa(self, sid, swa, keys, lo, hi):
+        """The SWA rows of positions [lo, hi) hold those positions' keys in every tensor."""
+        for j in range(lo // self.page, (hi - 1) // self.page + 1 if hi > lo else 0):
+            a, b = max(lo, j * self.page), min(hi, (j + 1) * self.page)
+            for got in self.mem.read_swa(swa[j], a, b):
+                assert got == keys[a:b], f"seq {sid} reads stale SWA rows of positions [{a}, {b})"
+
     def check_compress(self, sid, phys, keys, upto):
+        """Every compress entry completed before upto holds the key of its last position."""
         for t, k in enumerate(self.ks):
             ratio = self.bs // k
-            for e in range(upto // ratio):
-                block, entry = divmod(e, k)
-                last = e * ratio + ratio - 1
-                assert self.mem.read_compress(t, phys[t][block], entry) == keys[last], \
-                    f"seq {sid} type {t} block {block} entry {entry} holds foreign content"
+            for block in range(ceil_div(upto // ratio, k)):
+                lo, hi = block * k, min((block + 1) * k, upto // ratio)
+                want = keys[lo * ratio + ratio - 1:hi * ratio:ratio]
+                assert self.mem.read_compress(t, phys[t][block], 0, hi - lo) == want, \
+                    f"seq {sid} type {t} block {block} holds foreign content"
 
     def write_swa(self, sid, positions, keys):
-        swa = self.model.swa_table(sid)
+        """The model writes the SWA rows of every position whose page the table holds."""
+        swa = self.tables(sid)[1]
         for p in positions:
-            self.mem.write_swa(swa[p // self.bs], p, keys[p])
+            if swa[p // self.page] >= 0:
+                self.mem.write_swa(swa[p // self.page], p, keys[p])
+                self.seqs[sid]["written"].add(p)
 
     def write_compress(self, sid, start, end):
         phys = self.tables(sid)[2]
@@ -151,22 +173,25 @@ class Serving:
                     self.mem.write_compress(t, phys[t][e // k], e % k, keys[e * ratio + ratio - 1])
 
     def check_ownership(self):
-        """No row owned twice: an SWA slot or a compress block appears in live
+        """No row owned twice: an SWA page or a compress block appears in live
         tables only for one content at one position; in the unified layout no
         compress block of a live table sits in a slot a live SWA entry holds."""
         swa_owner, cmp_owner = {}, [dict() for _ in self.ks]
         for sid in self.model.seqs:
             logical, swa, phys = self.tables(sid)
             keys = self.keys(sid, min(len(self.seqs[sid]["tokens"]), len(logical) * self.bs))
+            for j, w in enumerate(swa):
+                end = (j + 1) * self.page
+                content = (j, keys[end - 1]) if end <= len(keys) else (j, "partial", sid)
+                if w >= 0:
+                    assert swa_owner.setdefault(w, content) == content, f"SWA page {w} owned twice"
             for i, b in enumerate(logical):
                 end = (i + 1) * self.bs
                 content = (i, keys[end - 1]) if end <= len(keys) else (i, "partial", sid)
-                if swa[i] >= 0:
-                    assert swa_owner.setdefault(swa[i], content) == content, f"SWA slot {swa[i]} owned twice"
                 for t in range(len(self.ks)):
                     assert cmp_owner[t].setdefault(phys[t][i], (b, content)) == (b, content), \
                         f"type {t} block {phys[t][i]} owned twice"
-        if self.unified:
+        if self.cpp.config.unified:
             for t, k in enumerate(self.ks):
                 per_slot = self.bs // k
                 for p in cmp_owner[t]:
@@ -190,18 +215,32 @@ class Serving:
         return tokens[:limit], gen
 
     def admit(self):
-        while self.waiting and len(self.seqs) < self.cfg["max_num_seqs"]:
+        """Admit from the head of the queue until a refusal: the live limit
+        (max_num_seqs) is the manager's to enforce; a request that never fits
+        is dropped, as an engine rejects it."""
+        while self.waiting:
             tokens, gen = self.waiting[0]
             hit = self.both("can_allocate", tokens)
             cached = self.both("allocate", self.next_id, tokens)
-            assert cached == (hit * self.bs if hit >= 0 else -1), "can_allocate and allocate disagree"
+            assert cached == hit, "can_allocate and allocate disagree"
+            if cached == NEVER_FITS:
+                self.waiting.popleft()
+                self.never_fits += 1
+                continue
             if cached < 0:
                 return
             self.waiting.popleft()
             sid, self.next_id = self.next_id, self.next_id + 1
-            self.seqs[sid] = dict(tokens=list(tokens), keys=[], target=len(tokens) + gen)
+            self.seqs[sid] = dict(tokens=list(tokens), keys=[], target=len(tokens) + gen, written=set())
+            self.placed()
             self.compare_tables(sid)
+            self.claim_hit_tail(sid, cached)
             self.check_reads(sid, cached)  # a hit reads exactly the rows its content was written to
+
+    def claim_hit_tail(self, sid, cached):
+        """The SWA pages a hit claimed were written whole by their first owner."""
+        swa = self.tables(sid)[1]
+        self.seqs[sid]["written"].update(p for p in range(cached) if swa[p // self.page] >= 0)
 
     def prefill_step(self):
         batch = [sid for sid in self.seqs if self.model.num_tokens(sid) == self.model.seqs[sid].num_prompt]
@@ -209,20 +248,14 @@ class Serving:
             return
         self.rng.shuffle(batch)
         batch = batch[:self.rng.randrange(1, len(batch) + 1)]
-        budget = self.cfg.get("max_num_batched_tokens", 8192)
-        counts, sampled = [], []
-        for sid in batch:
-            left = self.model.num_tokens(sid) - self.model.num_computed(sid)
-            n = min(left, budget, self.rng.choice([left, self.rng.randrange(1, left + 1), self.bs]))
-            counts.append(n)
-            sampled.append(self.rng.randrange(1, 1 << 20) if n == left else -1)
+        counts, sampled = self.chunks(batch)
         self.both("ensure_for_tokens", batch, counts)
+        self.placed()
         for sid, n in zip(batch, counts):
             start = self.model.num_computed(sid)
             self.check_reads(sid, start)
             keys = self.keys(sid, start + n)
-            written_from = start if self.cfg.get("full_retain") else max(start, start + n - self.window)
-            self.write_swa(sid, range(written_from, start + n), keys)
+            self.write_swa(sid, range(start, start + n), keys)
             self.write_compress(sid, start, start + n)
         self.both("commit_prefill", batch, counts, sampled)
         for sid, tok in zip(batch, sampled):
@@ -230,35 +263,36 @@ class Serving:
                 self.seqs[sid]["tokens"].append(tok)
             self.compare_tables(sid)
 
+    def chunks(self, batch):
+        """Each sequence's next chunk (its rest, a random part or a block) within
+        the step's token budget, and the token sampled after a prompt's last."""
+        budget = self.cfg.get("max_num_batched_tokens", 8192)
+        counts, sampled = [], []
+        for sid in batch:
+            left = self.model.num_tokens(sid) - self.model.num_computed(sid)
+            n = min(left, budget, self.rng.choice([left, self.rng.randrange(1, left + 1), self.bs]))
+            counts.append(n)
+            sampled.append(self.rng.randrange(1, 1 << 20) if n == left else -1)
+        return counts, sampled
+
     def decode_step(self):
         batch = [sid for sid in self.seqs if self.model.num_tokens(sid) > self.model.seqs[sid].num_prompt]
         if not batch:
             return
         self.rng.shuffle(batch)
-        q = self.rng.randrange(1, self.mtp_k + 2)
-        served = self.both("can_append", batch, q)
+        widths = [self.rng.randrange(1, self.mtp_k + 2) for _ in batch]  # 1 + each sequence's drafts
+        served = self.both("can_append", batch, widths)
         if served < len(batch):
             self.preempt(batch[served:])
-            batch = batch[:served]
+            batch, widths = batch[:served], widths[:served]
             if not batch:
                 return
-        self.both("append", batch, q)
+        self.both("append", batch, widths)
+        self.placed()
         counts, new_tokens = [], []
-        for sid in batch:
-            s = self.seqs[sid]
-            nc = self.model.num_computed(sid)
-            self.check_reads(sid, nc)
-            drafts = self.fresh(q - 1)
-            keys = list(self.keys(sid, nc + 1))
-            for d in drafts:  # the step writes SWA rows for every scheduled position
-                keys.append(hash((keys[-1], d)))
-            self.write_swa(sid, range(nc, nc + q), keys)
-            accepted = self.rng.randrange(1, q + 1)
-            bonus = self.rng.randrange(1, 1 << 20)
-            toks = drafts[:accepted - 1] + [bonus]
-            s["tokens"].extend(toks)
-            s["keys"] = keys[:nc + accepted]  # rejected drafts' keys are not the sequence's
-            counts.append(accepted)
+        for sid, q in zip(batch, widths):
+            toks = self.decode_one(sid, q)
+            counts.append(len(toks))
             new_tokens.extend(toks)
         self.both("commit_decode", batch, counts, new_tokens)
         for sid, n in zip(batch, counts):
@@ -267,6 +301,23 @@ class Serving:
             self.compare_tables(sid)
         done = [sid for sid in batch if self.model.num_tokens(sid) >= self.seqs[sid]["target"]]
         self.finish(done)
+
+    def decode_one(self, sid, q):
+        """One sequence's forward of q positions (its last token and q - 1
+        drafts): reads, SWA writes, and the tokens it accepts."""
+        s = self.seqs[sid]
+        nc = self.model.num_computed(sid)
+        self.check_reads(sid, nc)
+        drafts = self.fresh(q - 1)
+        keys = list(self.keys(sid, nc + 1))
+        for d in drafts:  # the step writes SWA rows for every scheduled position
+            keys.append(hash((keys[-1], d)))
+        self.write_swa(sid, range(nc, nc + q), keys)
+        accepted = self.rng.randrange(1, q + 1)
+        toks = drafts[:accepted - 1] + [self.rng.randrange(1, 1 << 20)]  # and the bonus token
+        s["tokens"].extend(toks)
+        s["keys"] = keys[:nc + accepted]  # rejected drafts' keys are not the sequence's
+        return toks
 
     def preempt(self, victims):
         for sid in victims:  # resumes later from its known tokens (prompt + generated)
@@ -282,7 +333,7 @@ class Serving:
         if not sids:
             return
         for sid in sids:  # the KV a sequence leaves behind must still be its own
-            logical, _, phys = self.tables(sid)
+            phys = self.tables(sid)[2]
             nc = self.model.num_computed(sid)
             self.check_compress(sid, phys, self.keys(sid, nc), nc)
         self.both("deallocate", sids)
@@ -322,7 +373,7 @@ class Serving:
     def check_nothing_leaks(self):
         stats = self.cpp.stats()
         assert stats["num_sequences"] == 0
-        assert stats["free_logical_blocks"] == self.cfg["num_logical_blocks"]
+        assert stats["free_logical_blocks"] == self.cpp.pools.num_logical_blocks
         reserve = self.model.swa.checkpoint_capacity if self.model.swa else 0
         assert stats["swa_reserved"] == reserve
         # Only checkpoint pins may still hold SWA slots; dropping the cache drops them.

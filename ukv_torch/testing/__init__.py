@@ -7,7 +7,10 @@ answers the semantics promise:
   allocator_model   TypePool / Coordinator (slot ownership, FIFO orders,
                     borrowing, joint admission): CoordinatorModel, PoolModel
   kv_manager_model  KvManager (prefix cache, pools, admission, staged tables):
-                    KvManagerModel; needs `pip install xxhash`
+                    KvManagerModel; needs `pip install xxhash`. Its parts:
+                    slot_pools_model, compress_bindings_model (the slot
+                    layouts), row_space_model (the row space, counted in
+                    rows), swa_pages_model (the SWA page pool)
   index_reference   the index ops, token by token on Python lists
   allocator_soak    a long randomized serving run on a Coordinator: run_soak
 
