@@ -364,7 +364,10 @@ bool KvManager::fits_empty_pools(int64_t blocks, int64_t quota) const {
   std::vector<CompressTypeSpec> types;
   for (int64_t t = 0; t < num_types(); ++t)
     types.push_back({ks_[static_cast<size_t>(t)], pools_.type_slots[static_cast<size_t>(t)]});
-  const Coordinator empty(pools_.num_swa_blocks, types, serve_.block_size, coord_->borrow_unreleased_swa());
+  // Every SWA slot counts as released: a coordinator that does not lend
+  // never-used slots reaches that state once SWA has used and freed them all,
+  // so a request that fits it is only "not now".
+  const Coordinator empty(pools_.num_swa_blocks, types, serve_.block_size, /*borrow_unreleased_swa=*/true);
   return empty.can_allocate_jointly(pages, std::vector<int64_t>(static_cast<size_t>(num_types()), blocks));
 }
 

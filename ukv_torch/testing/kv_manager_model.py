@@ -171,10 +171,11 @@ class KvManagerModel(CompressBindings):
         self.prefill_peak = max(self.tail_pages, span(window, page)) + chunk
         self.decode_peak = span(window + 2 * (1 + self.mtp_k) - 1, page)
 
-    def _slot_pools(self):
+    def _slot_pools(self, borrow_unreleased=None):
         """The unified layout's per-type pools and the shared SWA space over them, all free."""
         pools = [SlotPool(n, k, self.bs, self.num_swa) for n, k in zip(self.type_slots, self.ks)]
-        return pools, SharedSwaSpace(self.num_swa, pools, lambda slot: None, self.borrow_unreleased)
+        borrow = self.borrow_unreleased if borrow_unreleased is None else borrow_unreleased
+        return pools, SharedSwaSpace(self.num_swa, pools, lambda slot: None, borrow)
 
     # ------------------------------------------------------------ helpers --
     def _blocks_for(self, tokens):
@@ -322,14 +323,15 @@ class KvManagerModel(CompressBindings):
         return adm
 
     def _fits_empty_pools(self, blocks, pages):
-        """Would `blocks` logical blocks and `pages` SWA pages fit with nothing live or cached?"""
+        """Would `blocks` logical blocks and `pages` SWA pages fit with nothing live or
+        cached, and every SWA slot released (the most the slot pools can ever offer)?"""
         if blocks > self.num_logical:
             return False
         if self.rows:
             return self.rows.fits(blocks, pages)
         if not self.unified:
             return self.swa is None or pages <= self.num_swa
-        return self._slot_pools()[1].can_serve(pages, blocks, [])
+        return self._slot_pools(borrow_unreleased=True)[1].can_serve(pages, blocks, [])
 
     def _refusal(self, nb):
         pages = self._quota_for(nb, False) + self._checkpoint_reserve()
