@@ -1,6 +1,6 @@
 """Build ukv_torch._C.
 
-Backend choice (CONVENTIONS.md 17): a CUDAExtension when the installed torch was
+Backend choice: a CUDAExtension when the installed torch was
 built for CUDA (`torch.version.cuda`) and a CUDA toolkit is found (CUDA_HOME),
 or built for ROCm (`torch.version.hip`, sources hipified by torch) with ROCM_HOME;
 otherwise a CppExtension in which every op runs on the CPU. We never look at

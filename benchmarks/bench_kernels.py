@@ -65,7 +65,7 @@ class RowSpace:
     def page(self) -> int:
         return self.swa[0]
 
-# Upstream Triton kernels on the same H200 (ARCHITECTURE.md): (graph us, eager us).
+# Upstream Triton kernels on the same H200 (torch 2.11, Triton 3.6): (graph us, eager us).
 REFERENCE = {
     ("csa_translate_pack", "decode T=1 ctx 8K"): (1.65, 5.0),
     ("csa_translate_pack", "decode T=256 ctx 32K"): (2.18, 13.7),

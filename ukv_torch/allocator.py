@@ -24,15 +24,15 @@ Every parameter takes upstream's name as a keyword. The block size may also be
 given as `bs` (the older spelling of these drop-ins), never both. The
 attributes `bs` and `bps` (= `blocks_per_slot`) remain as well.
 
-Where they deliberately differ from upstream (the first three are
-ARCHITECTURE.md's):
+Where they deliberately differ from upstream:
 
 - Where upstream silently corrupted state (double free, freeing a foreign
   id, claiming a non-free slot, releasing a slot the SWA space holds) these
   raise instead and change nothing. An argument that is not an int is a
   TypeError, and one out of range a ValueError, each naming the parameter.
 - Compress allocation takes its own region before borrowing SWA-freed slots
-  (SPEC.md H5).
+  (upstream took the most recently freed SWA slot first, evicting SWA
+  prefix-cache entries while its own region still had room).
 - Deterministic id order: free lists are FIFO (a freed or released slot goes
   to the back) and a slot's sub-blocks are handed out lowest first, where
   upstream reuses a slot's old queue entry and pops sub-blocks from a set. Ids

@@ -2,7 +2,8 @@
 
 Each wrapper calls the registered op (through the eager fast path of
 ``ukv_torch/_eager.py`` outside Dynamo); the schemas live in
-``csrc/bindings.cpp`` and the contracts in SPEC.md §2. Common conventions:
+``csrc/bindings.cpp``, and each docstring gives its op's contract: the
+formulas of upstream's index builders. Common conventions:
 
 - ``T`` tokens: ``batch_id`` is ``[T]`` int32, a token whose batch id is outside
   ``[0, B)`` is padding (``-1`` is the CUDA-graph padding sentinel) and writes
@@ -176,8 +177,8 @@ def paged_prefill_indices(
       the CSA slice (the head is :func:`csa_translate_pack`'s) and the *head* of
       the HCA slice;
     - HCA: after the SWA prefix in the HCA slice, the rows of the first
-      ``min((pos + 1) // compress_ratio, n_committed_hca[b])`` HCA entries, the
-      per-token causal cap (upstream's H-e fix).
+      ``min((pos + 1) // compress_ratio, n_committed_hca[b])`` HCA entries, a
+      per-token causal cap: no token reads an entry covering later positions.
 
     The row-space layout's constants are as in :func:`paged_decode_indices`
     (the SWA prefix of each output in its class's rows) and

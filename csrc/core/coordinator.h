@@ -1,5 +1,5 @@
-// Coordinator: the "option-2" unified KV pool (SPEC.md §1.5.3), generalised to
-// any list of compress types.
+// Coordinator: upstream's "option-2" unified KV pool (UnifiedKvCoordinator),
+// generalised to any list of compress types.
 //
 // One SWA slot space [0, num_swa_base) is valid in every layer tensor (dense
 // and every compress type), so an SWA id means the same 128 rows everywhere.
@@ -8,7 +8,8 @@
 //
 //  - SWA may take slot s only when s is free in every compress pool.
 //  - A compress type may take s only when SWA does not hold it; it prefers its
-//    own region and borrows the longest-released SWA slot last (H5).
+//    own region and borrows the longest-released SWA slot last, so SWA
+//    prefix-cache entries survive as long as possible.
 //  - Upstream, a slot SWA never used stays reserved in every pool. With
 //    borrow_unreleased_swa (opt-in; the elastic layout turns it on, where SWA
 //    leaves most of its space unused), a pool that would otherwise run out
@@ -18,11 +19,14 @@
 //    call behaves exactly as without it.
 //  - When a compress type first borrows a released slot that may still back a
 //    cached SWA block, that cache entry is evicted exactly once, before the
-//    allocating call returns (C3, H-a): the eviction listener runs
-//    synchronously, and the slot is also queued for take_evicted_swa().
-//  - has_free_swa / has_free_compress are O(1) counters and exact (H-b).
+//    allocating call returns, so a later SWA prefix hit can never claim rows
+//    compress has overwritten: the eviction listener runs synchronously, and
+//    the slot is also queued for take_evicted_swa().
+//  - has_free_swa / has_free_compress are O(1) counters and exact (SWA never
+//    counts a slot compress has borrowed).
 //  - can_allocate_jointly answers for an SWA demand and per-type compress
-//    demands together, never counting one slot for two roles (H2).
+//    demands together, never counting one slot for two roles (upstream's
+//    separate checks could both count one released slot).
 //
 // Every failing operation throws (errors.h) and leaves the state unchanged.
 // Deterministic: the same calls give the same ids. Not thread-safe.
@@ -92,7 +96,7 @@ class Coordinator {
   void alloc_compress_into(int64_t type, int64_t n, int64_t* out);        // the same into out[0, n)
   void free_compress_many(int64_t type, const int64_t* ids, size_t n);    // validated first
 
-  // --- one compress type's pool through its own methods (SPEC.md §1.5.2) ---
+  // --- one compress type's pool through its own methods (UnifiedTypePool's) ---
   // Upstream exposes each type's pool (coord.csa, coord.hca) with the whole
   // pool interface. Here those calls keep the SWA bookkeeping exact: a
   // released shared slot a pool takes this way (an SWA block of that type's

@@ -76,7 +76,8 @@ KvManager::KvManager(const ServeConfig& config, const PoolSizes& pools)
 }
 
 void KvManager::install_evict_listener() {
-  // Compress borrowing a released slot drops the SWA block cached there (C3).
+  // Compress borrowing a released slot drops the SWA block cached there, before
+  // compress overwrites its rows.
   if (coord_ && swa_) coord_->set_evict_listener([this](int64_t slot) { swa_->evict_slot(slot); });
   // The row space dropped a cached unit to make room: its content is gone.
   if (rows_)

@@ -1,5 +1,5 @@
-// KvManager: the sequence-level KV manager of the unified pool (SPEC.md §1.3,
-// §1.4, §1.6 with the ARCHITECTURE.md fixes), torch-free.
+// KvManager: the sequence-level KV manager of the unified pool (upstream's
+// BlockManager and SlidingWindowPool, with ukv's fixes), torch-free.
 //
 // It owns the logical compress blocks (prefix cache), the sliding-window block
 // pool, and either the unified Coordinator (SWA and per-type compress share
@@ -12,8 +12,10 @@
 // tokens). The manager keeps   SWA capacity (free + held slots) >= sum of
 // quotas + checkpoint reserve   at all times, and checks compress borrowing
 // against the SWA demand still outstanding, so no later ensure_for_tokens or
-// append can run out of slots (SPEC.md H2). Re-allocating a free logical block
-// that still holds a binding is net-zero and not counted as demand (H3).
+// append can run out of slots (upstream's separate SWA and compress checks
+// could count one released slot twice and crash there). Re-allocating a free
+// logical block that still holds a binding is net-zero and not counted as
+// demand, so a full own region cannot livelock admission.
 // Cached compress blocks whose bindings occupy shared slots are reclaimed for
 // SWA, coldest slot first, only when an admission or append needs the room.
 // A true allocation takes the longest-free logical blocks; where binding the

@@ -130,7 +130,7 @@ void KvManager::bind_popped(const std::vector<int64_t>& ids) {
       on_live_change(t, id, +1);
     }
   }
-  // A retained binding moves on reuse (H3: free it, bind afresh), so borrowed
+  // A retained binding moves on reuse (free it, bind afresh), so borrowed
   // shared slots drift back to SWA, but only into room the pool already has:
   // a move that borrowed a fresh shared slot could take one SWA was promised.
   // The new block is taken before the old one is freed: freeing first could
@@ -198,7 +198,7 @@ void KvManager::take_longest_free(FreshBlocks& fresh, int64_t add, const std::ve
 
 // One never-bound block of the choice, the last, gives way to the next cached
 // block that holds a binding (the coldest one left, in free-list order): the
-// stand-in re-uses its own binding (net zero, H3) and its content is evicted.
+// stand-in re-uses its own binding (net zero) and its content is evicted.
 // False, with nothing changed, when no such block is left.
 bool KvManager::stand_in_cached(FreshBlocks& fresh, const std::vector<int64_t>& skip) const {
   if (fresh.demand == 0) return false;

@@ -121,7 +121,8 @@ void KvManager::publish_full_blocks(Sequence& s) {
     s.hashes.push_back(h);
     for (int64_t j = i * ppb_; swa_ && j < (i + 1) * ppb_; ++j) {
       const int32_t page = s.swa[static_cast<size_t>(j)];
-      // Only a fully written SWA page may serve a later hit (H7).
+      // Only a fully written SWA page may serve a later hit: a partly written
+      // one would show the hitting request positions nobody wrote.
       if (page < 0 || j * page_ < s.swa_written_lo) continue;
       swa_->publish(page, page_hash(h, j), s.tokens.data() + j * page_);
       if (sparse && is_checkpoint(s, i)) swa_->pin(page);
@@ -166,7 +167,7 @@ void KvManager::apply_commit_prefill(Sequence& s, int64_t num_tokens, int32_t sa
   if (swa_ && num_tokens > 0 && s.write_lo > start) s.swa_written_lo = s.write_lo;
   s.num_computed = end;
   publish_full_blocks(s);
-  free_out_of_window(s, end);  // the computed length, never the scheduled one (H-j)
+  free_out_of_window(s, end);  // the computed length, never the scheduled one: later chunks need the rest
   if (num_tokens > 0) {  // the pages below the window went with it
     swa_reserved_ -= s.extra_pages;
     s.extra_pages = 0;

@@ -5,9 +5,9 @@
 // the indexer. Ref counts, the content-hash map with a token-equality guard,
 // and lazy eviction (a freed block keeps its hash until its id is reused, the
 // FIFO free list makes the longest-freed block the first reused) follow
-// SPEC.md §1.4. In the unified layout each logical block also carries one
-// physical block per compress type (its binding), kept across cache-free so a
-// later hit finds its KV where it was written (§1.6).
+// upstream's BlockManager. In the unified layout each logical block also
+// carries one physical block per compress type (its binding), kept across
+// cache-free so a later hit finds its KV where it was written.
 #pragma once
 
 #include <cstdint>

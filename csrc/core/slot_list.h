@@ -1,7 +1,8 @@
 // An intrusive FIFO of slot ids over a fixed id range [0, capacity): O(1)
 // push_back, pop_front, removal of an arbitrary member and membership test.
 // The pools use it instead of upstream's deque + set with stale entries, so
-// every operation is O(1) and the order is deterministic (H5, H9 in SPEC.md).
+// every operation is O(1), the order is deterministic, and there is no stale
+// entry to skip (upstream's let a just-released slot jump the queue).
 #pragma once
 
 #include <cstddef>

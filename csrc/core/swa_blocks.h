@@ -1,4 +1,5 @@
-// SwaBlocks: the content-addressed sliding-window page pool (SPEC.md §1.3).
+// SwaBlocks: the content-addressed sliding-window page pool (upstream's
+// SlidingWindowPool).
 //
 // A page holds page_tokens positions of every layer. In the slot layouts a
 // page is a block and its id is its slot: rows [id*block_size,
@@ -10,9 +11,9 @@
 // one, a released page without content gives it back, and the row space may
 // evict a cached page's unit to make room (on_row_evicted). Pages keep their
 // hash after release (lazy eviction at reuse), and the coordinator's eviction
-// listener drops it when compress borrows the slot (H-a). With sparse
-// retention, checkpoint pages are pinned by an extra reference in an LRU of
-// bounded capacity.
+// listener drops it when compress borrows the slot, before compress writes
+// there. With sparse retention, checkpoint pages are pinned by an extra
+// reference in an LRU of bounded capacity.
 #pragma once
 
 #include <cstdint>

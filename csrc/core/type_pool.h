@@ -13,7 +13,8 @@
 // type's own compress region. Compress allocation takes its own region first
 // and borrows a shared slot only when the own region is exhausted, the
 // longest-free one first, so SWA prefix-cache entries live as long as possible
-// (SPEC.md H5). SWA allocation prefers the shared region for the same reason.
+// (upstream took the most recently freed one even with room in its own
+// region). SWA allocation prefers the shared region for the same reason.
 //
 // All operations are O(1) amortised; free counts are counters. Every failing
 // operation throws (errors.h) and leaves the pool unchanged. Not thread-safe:

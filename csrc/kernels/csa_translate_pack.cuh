@@ -1,8 +1,8 @@
-// csa_translate_pack (SPEC §2.5): the indexer's sequence-local top-k entries
+// csa_translate_pack: the indexer's sequence-local top-k entries
 // become absolute unified_kv rows, packed at the head of each token's CSA slice
 // [top-k (valid_k) | SWA (skip)]. valid_k is read back from the slice length,
 // indptr[t+1] - indptr[t] - skip, and is the only barrier against the garbage
-// the top-k kernel leaves past it (H-f).
+// the top-k kernel leaves past it (it writes only the valid lanes).
 //
 // One block per (token, tile of kTile top-k lanes). Every load a token needs
 // (the tile's top-k cells, with 16-byte loads when the row allows, then its

@@ -1,7 +1,7 @@
-// hca_decode_indices (SPEC §2.4, done on the host in numpy upstream): the head
-// of each decode token's HCA slice [committed HCA | SWA] holds the rows of the
-// sequence's committed HCA entries 0 .. n_committed - 1. The count is per
-// sequence in decode (H8); see hca_decode_count for the caps.
+// hca_decode_indices (built on the host upstream): the head of each decode
+// token's HCA slice [committed HCA | SWA] holds the rows of the sequence's
+// committed HCA entries 0 .. n_committed - 1. As upstream, the count is per
+// sequence, not capped per token; see hca_decode_count for the caps.
 //
 // One group of kGroup threads per (token, part of its entries): at small
 // batches a token's entries are split into `parts` so a long context still

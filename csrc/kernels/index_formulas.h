@@ -1,4 +1,4 @@
-// Per-token formulas of the index builders (SPEC.md §2.3-2.6), written once
+// Per-token formulas of upstream's index builders, written once
 // for the CPU loops and the GPU kernels. Everything here is total: any input
 // value gives an in-bounds read (table columns and compressed entries are
 // clamped, negative counts become 0), so a bad value can produce wrong row
@@ -123,7 +123,8 @@ UKV_HOST_DEVICE int32_t csa_valid_count(int32_t pos, int32_t n_committed, int32_
   return max_i32(min_i32(min_i32((pos + 1) / csa_ratio, n_committed), index_topk), 0);
 }
 
-// HCA entries a prefill token may attend to: the per-token causal cap (H-e).
+// HCA entries a prefill token may attend to: the per-token causal cap, so no
+// token reads an entry covering later positions.
 UKV_HOST_DEVICE int32_t hca_causal_count(int32_t pos, int32_t n_committed, int32_t hca_ratio) {
   return max_i32(min_i32((pos + 1) / hca_ratio, n_committed), 0);
 }
@@ -157,7 +158,7 @@ UKV_HOST_DEVICE int32_t swa_row(const Table& swa_table, int32_t seq, int32_t a, 
 // base + id(e / k) * stride + e % k, modulo 2^32 like the int32 it is stored
 // as. The stride is k in the slot layouts and the envelope in the row space.
 // Entries outside the row are clamped onto it, which keeps the read in bounds
-// for lanes past valid_k whose top-k cells hold garbage (H-f); those lanes are
+// for lanes past valid_k whose top-k cells hold garbage; those lanes are
 // never stored.
 template <bool kCompact = false>
 UKV_HOST_DEVICE int32_t compress_row(const TableRow& row, int32_t entry, const Divisor& rows_per_block,
@@ -193,16 +194,16 @@ UKV_HOST_DEVICE void store_in_slice(const SlicedOutput& out, const SliceBounds& 
 }
 
 // HCA entries at the head of a decode token's slice: the sequence's committed
-// count (per sequence in decode, H8), capped by the slice length and the table
-// width so that a stale count neither writes past the slice nor reads past the
-// table row.
+// count (per sequence in decode, as upstream), capped by the slice length and
+// the table width so that a stale count neither writes past the slice nor
+// reads past the table row.
 UKV_HOST_DEVICE int32_t hca_decode_count(const HcaDecodeParams& p, int32_t t, int32_t bid) {
   const int64_t slice = static_cast<int64_t>(p.out.indptr[t + 1]) - p.out.indptr[t];
   const int64_t capacity = static_cast<int64_t>(p.table.cols) * p.rows_per_block.value;
   return static_cast<int32_t>(max_i64(min_i64(min_i64(p.n_committed[bid], slice), capacity), 0));
 }
 
-// Prefill window split (SPEC §2.6): of the min(pos + 1, window) window rows,
+// Prefill window split: of the min(pos + 1, window) window rows,
 // extend_count come from this chunk (the forward's own kv) and prefix_swa_count
 // = max(chunk_start - swa_low, 0) from earlier chunks or the cached prefix
 // (unified_kv via the SWA table). For a valid token (chunk_start <= pos) that is
@@ -230,7 +231,7 @@ UKV_HOST_DEVICE int32_t prefill_hca_count(const PagedPrefillParams& p, int32_t p
   return static_cast<int32_t>(min_i64(causal, static_cast<int64_t>(p.hca_table.cols) * p.hca_rows_per_block.value));
 }
 
-// Slice lengths of one decode token (SPEC §2.4): SWA, CSA = [top-k | SWA] and
+// Slice lengths of one decode token: SWA, CSA = [top-k | SWA] and
 // HCA = [committed | SWA]. Padding tokens get empty slices.
 struct DecodeTokenCounts {
   int32_t swa;
@@ -248,7 +249,7 @@ UKV_HOST_DEVICE DecodeTokenCounts decode_token_counts(const DecodeMetadataParams
   return {n_swa, n_swa + valid_k, n_swa + n_hca};
 }
 
-// Slice lengths of one prefill token (SPEC §2.6): extend, dense SWA prefix,
+// Slice lengths of one prefill token: extend, dense SWA prefix,
 // CSA = [top-k | SWA prefix], HCA = [SWA prefix | causal HCA], and the SWA
 // prefix count csa_translate_pack skips.
 struct PrefillTokenCounts {

@@ -1,5 +1,5 @@
 // Device-side builders of the per-token slice lengths and their indptr
-// cumsums (decode: SPEC §2.4; prefill: SPEC §2.6), so a step's whole index
+// cumsums (upstream builds them on the host), so a step's whole index
 // metadata can be built inside a captured graph from positions, batch ids and
 // per-sequence counts. Padding tokens have empty slices, so the indptr repeats
 // its last value over the padded tail.

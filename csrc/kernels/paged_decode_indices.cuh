@@ -1,4 +1,4 @@
-// paged_decode_indices (SPEC §2.4): each decode token's sliding window,
+// paged_decode_indices: each decode token's sliding window,
 // positions [pos - n + 1, pos] with n = min(pos + 1, window), as unified_kv rows
 // through the SWA block table, written at the tail of its SWA slice and, when
 // requested, of its CSA and HCA slices (whose heads belong to

@@ -1,12 +1,13 @@
-// paged_prefill_indices (SPEC §2.6): the four prefill index buffers of each
+// paged_prefill_indices: the four prefill index buffers of each
 // token, from its position, its chunk start and the SWA and HCA block tables:
 // - extend: rows of the forward's own kv for the in-chunk part of the window;
 // - dense SWA prefix: the window rows from earlier chunks (whole slice);
-// - CSA prefix [top-k | SWA prefix]: the SWA prefix at the slice tail (H-d; the
-//   head is csa_translate_pack's, with skip = prefix_swa_count);
+// - CSA prefix [top-k | SWA prefix]: the SWA prefix at the slice tail, clear
+//   of the head, which is csa_translate_pack's (skip = prefix_swa_count);
 // - HCA prefix [SWA prefix | HCA]: the SWA prefix at the head, then the rows of
-//   the first min((pos + 1) / hca_ratio, n_committed) HCA entries (H-e). This
-//   is the opposite order of the HCA decode slice (H12).
+//   the first min((pos + 1) / hca_ratio, n_committed) HCA entries, so no token
+//   reads an entry covering later positions. This is the opposite order of
+//   the HCA decode slice, as upstream's attention expects.
 //
 // One group of kGroup threads per token, several tokens per block (a token's
 // cells are too few to keep a whole block busy). The HCA run, up to a whole

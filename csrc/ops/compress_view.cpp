@@ -1,4 +1,4 @@
-// bind_compress_view (SPEC §2.1): the [N, k, head_dim] view through which a
+// bind_compress_view: the [N, k, head_dim] view through which a
 // layer's main compressor writes, kv_cache[block, slot] = row
 // compress_base + block * stride + slot of unified_kv, the stride being k
 // unless given. In the unified layout (compress_base 0) it is the whole

@@ -1,5 +1,5 @@
-"""Scenario tests of the allocator semantics (SPEC.md §1.5 and the fixes of
-ARCHITECTURE.md), each through the torch class and through the seed-compatible
+"""Scenario tests of the allocator semantics (upstream's unified_chunk_pool and
+ukv's fixes to it), each through the torch class and through the seed-compatible
 drop-in. Expected ids are derived by hand from the rules; the model-based
 randomized test (test_allocator_model.py) covers the space between them."""
 import copy
@@ -119,7 +119,7 @@ def assert_refused_without_change(obj_state, call, error, match):
 
 
 # --------------------------------------------------------------------------
-# Sizing (SPEC.md §1.5.1)
+# Sizing (upstream's unified_slot_counts)
 
 
 @pytest.mark.parametrize("bs", [128, 256])
@@ -165,7 +165,7 @@ def test_slot_counts_past_int64_are_refused_not_wrapped(args):
 
 
 # --------------------------------------------------------------------------
-# One type's pool (SPEC.md §1.5.2)
+# One type's pool (UnifiedTypePool)
 
 
 def test_compress_ids_pack_sub_blocks_and_address_the_slot_rows(make_pool):
@@ -274,7 +274,7 @@ def test_pool_ownership_errors_leave_the_pool_unchanged(make_pool):
 
 
 # --------------------------------------------------------------------------
-# The coordinator (SPEC.md §1.5.3 and the fixes)
+# The coordinator (UnifiedKvCoordinator and the fixes)
 
 
 def test_swa_and_compress_start_in_their_own_regions(make_coordinator):
@@ -286,7 +286,8 @@ def test_swa_and_compress_start_in_their_own_regions(make_coordinator):
 
 
 def test_without_frees_the_physical_rows_are_the_static_split_rows(make_coordinator):
-    # C5: logical block b lands on CSA row swa_pages + 32b and HCA row swa_pages + b.
+    # Logical block b lands on CSA row swa_pages + 32b and HCA row swa_pages + b, so a
+    # test that never frees cannot tell physical from logical addressing.
     num_swa, nb = 4, 64
     c = make_coordinator(num_swa, *unified_slot_counts(num_swa, nb))
     swa_pages = num_swa * 128
@@ -371,7 +372,7 @@ def test_has_free_swa_stays_exact_through_borrow_and_return(make_coordinator):
 
 
 def test_joint_admission_refuses_the_double_count_upstream_crashed_on(make_coordinator):
-    # H2: SWA's only free slot is also the only slot CSA could borrow.
+    # SWA's only free slot is also the only slot CSA could borrow.
     c = make_coordinator(1, 2, 2)
     c.free_swa(c.alloc_swa())
     for _ in range(4):
@@ -456,7 +457,7 @@ def test_torch_coordinator_rejects_bad_types_and_batches_without_change():
 
 
 # --------------------------------------------------------------------------
-# Eviction (C3, H-a)
+# Eviction: a borrowed slot's cached SWA block is dropped before compress writes there
 
 
 def test_the_drop_in_evicts_once_before_the_allocating_call_returns():

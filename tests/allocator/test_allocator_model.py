@@ -171,7 +171,7 @@ class RowLedger:
         return RESERVED if slot in self.reserved else FREE
 
     def expected_swa_free(self, slot):
-        """C2: SWA may take a slot it does not hold unless a compress pool holds blocks in it
+        """SWA may take a slot it does not hold unless a compress pool holds blocks in it
         (or holds it through its own methods)."""
         return (slot not in self.swa_held and not any(b[slot] for b in self.blocks_in_slot)
                 and not any(self.pool_holds(t, slot) for t in range(len(self.ks))))

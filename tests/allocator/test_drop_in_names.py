@@ -1,7 +1,7 @@
 """The drop-ins under upstream's names.
 
 Every constructor keyword, attribute, method and parameter name of upstream's
-`unified_chunk_pool` module (ROCm/ATOM 978243b05, SPEC.md §1.5) is called here
+`unified_chunk_pool` module (ROCm/ATOM 978243b05) is called here
 the way upstream code calls it, by keyword. Results are compared with the
 pure-Python model (ukv_torch/testing/allocator_model.py), called positionally,
 or with values derived by hand. A bad argument (wrong type, id out of range)

@@ -1,7 +1,7 @@
 """Property-based fuzzing of the allocator: the torch classes TypePool and
 Coordinator, the drop-ins UnifiedTypePool and UnifiedKvCoordinator, and the
-sizing functions, against the pure-Python model (ukv_torch/testing/allocator_model.py) and the
-SPEC.md sizing formulas.
+sizing functions, against the pure-Python model (ukv_torch/testing/allocator_model.py) and
+upstream's sizing formulas (unified_slot_counts, the layer rows).
 
   * Constructors with sizes around the int32 row limit, pools of 0 and 1
     slots, bad compress ratios / k / block_size / shared counts, int64 extremes: the model's

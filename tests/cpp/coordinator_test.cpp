@@ -1,5 +1,6 @@
-// Unit tests of the option-2 Coordinator (SPEC.md §1.5.3 plus the fixes:
-// own region first, coldest borrow, single eviction, joint admission).
+// Unit tests of the option-2 Coordinator (upstream's UnifiedKvCoordinator plus
+// the fixes: own region first, coldest borrow, single eviction, joint
+// admission).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -158,7 +159,8 @@ TEST(Coordinator, BadConstructorArguments) {
   EXPECT_THROW(Coordinator(4, {{32, 8}}, 0), InvalidArgument);
 }
 
-// H2: a slot SWA counts as free must not also be promised to compress.
+// A slot SWA counts as free must not also be promised to compress (upstream's
+// separate checks both counted it, and the allocation that followed failed).
 TEST(Coordinator, JointAdmissionNeverCountsOneSlotTwice) {
   Coordinator c(1, {{128, 1}}, 128);  // one shared slot, no own region
   c.free_swa(c.alloc_swa());

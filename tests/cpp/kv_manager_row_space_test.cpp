@@ -127,7 +127,7 @@ TEST(RowSpaceManager, RefusalsTellNotNowFromNeverFits) {
 // A window-only chunk writes the pages from (300 - 128) / 32 = 5 on, so block
 // 1's page 4 (positions 128..159) is never written. A hit ending at 256 needs
 // pages 4..7: refused, unless the chunk had room for every page.
-TEST(RowSpaceManager, PartlyWrittenWindowsAreNotHit) {  // H7 with pages smaller than the window
+TEST(RowSpaceManager, PartlyWrittenWindowsAreNotHit) {  // pages smaller than the window
   const auto t = tokens(300, 3);
   for (const bool room : {false, true}) {
     // Tight: 3 envelopes + a 10-page quota, nothing beyond the promise.

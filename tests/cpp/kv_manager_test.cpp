@@ -141,13 +141,13 @@ TEST_P(BothLayouts, OneChunkPrefillWithoutRoomOnlyWritesTheWindow) {
   EXPECT_EQ(m.stats().whole_chunks, 0);
   const int64_t first = 1;
   m.deallocate(&first, 1);
-  EXPECT_EQ(m.can_allocate(t.data(), 512), 0);  // the trailing-window gate refuses the stale window (H-o)
+  EXPECT_EQ(m.can_allocate(t.data(), 512), 0);  // the trailing-window gate refuses the stale window
 }
 
 // The model writes every position of the pages a chunk holds
 // (swa_slot_mapping), so the window's first block, which it reaches into, is
-// written whole and serves a hit. (Partly written pages, H7, arise with pages
-// smaller than the window: the row-space tests cover them.)
+// written whole and serves a hit. (Partly written pages, never published,
+// arise with pages smaller than the window: the row-space tests cover them.)
 TEST_P(BothLayouts, PagesTheWindowReachesIntoAreWrittenWhole) {
   const auto t = tokens(300, 3);
   const Config c = tightest_swa_pool(GetParam(), t);

@@ -1,5 +1,5 @@
-// Unit tests of TypePool against hand-derived expectations (SPEC.md §1.5.2
-// with the ARCHITECTURE.md fixes).
+// Unit tests of TypePool against hand-derived expectations (upstream's
+// UnifiedTypePool with ukv's fixes: ownership checks, own region first, FIFO ids).
 #include <gtest/gtest.h>
 
 #include <vector>

@@ -1,6 +1,7 @@
 """Whole decode and prefill steps through the ops == the per-token reference,
-and every reserved cell written (the slices exactly match what the builders
-reserve, H-f); in the slot layouts and with random row-space arguments (each
+and every reserved cell written (the slices reserve exactly the cells the
+builders write: a top-k lane past valid_k is never written, so a larger
+reservation would leave stale cells); in the slot layouts and with random row-space arguments (each
 output class's SWA rows, the compress block strides)."""
 import random
 

@@ -1,8 +1,10 @@
-"""Scenario tests of ukv_torch.KvManager: the behaviours of issue 4 and the
-SPEC.md §5 hazards, bad inputs, pickling, determinism, events, stats,
-threads and graph-safe staging. Expected values are derived by hand from
-SPEC.md / ARCHITECTURE.md; the randomized whole-run comparison with the
-pure-Python model is in test_kv_manager_model.py.
+"""Scenario tests of ukv_torch.KvManager: phase checks, the upstream hazards
+it fixes (test_h*: greedy borrowing, admission counting a slot twice,
+livelock on retained bindings, partly written SWA pages, freeing with the
+scheduled length, stale-window hits), bad inputs, pickling, determinism,
+events, stats, threads and graph-safe staging. Expected values are derived
+by hand from upstream's behaviour and ukv's rules; the randomized whole-run
+comparison with the pure-Python model is in test_kv_manager_model.py.
 """
 import itertools
 import random
@@ -112,7 +114,7 @@ def elastic(**overrides):
 def test_h5_and_ha_compress_borrows_only_when_its_own_region_is_full_and_drops_the_swa_entry_first():
     m = elastic(num_logical_blocks=6, type_slots=[8 + 4])  # own region: 4 blocks
     a = tokens(4 * BS, 1)
-    m.allocate(1, a)                         # 4 blocks: the own region, nothing borrowed (H5)
+    m.allocate(1, a)                         # 4 blocks: the own region, nothing borrowed
     prefill(m, 1, a, chunk=BS)               # SWA slots 0 and 1 window-freed (released, cached)
     assert m.stats()["ratio1_borrows"] == 0
     # The own region is full of live blocks and nothing cached can stand in.
@@ -121,7 +123,7 @@ def test_h5_and_ha_compress_borrows_only_when_its_own_region_is_full_and_drops_t
     assert (st["ratio1_borrows"], st["swa_evictions"], st["compress_evictions"]) == (1, 1, 0)
     assert m.phys_table(3, 0).tolist() == [0]  # base 0: compress block 0 = the rows of SWA slot 0
     m.deallocate([3, 1])  # everything cached: the probes below fit, so they show what hits
-    assert m.can_allocate(a[:BS] + tokens(50, 2)) == 0  # the evicted SWA entry is never hit again (H-a)
+    assert m.can_allocate(a[:BS] + tokens(50, 2)) == 0  # the evicted SWA entry is never hit again
     assert m.can_allocate(a[:2 * BS] + [5]) == 2 * BS   # block 1's window (slot 1) is still cached
     m.check_invariants()
 

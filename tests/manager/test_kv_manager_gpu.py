@@ -1,6 +1,7 @@
 """Graph-safe staging on a GPU: upload + a gather of table rows captured in a
 CUDA graph and replayed over many steps with changing allocation states must
-give what the eager path gives (ARCHITECTURE.md: one staging path, H1)."""
+give what the eager path gives: one staging path, so a captured graph reads
+the same physical tables as an eager step."""
 import random
 
 import pytest

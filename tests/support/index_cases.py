@@ -185,7 +185,7 @@ def _row_space_of(rng, row_space, block_size):
 
 
 def _topk_rows(rng, step):
-    """Valid sequence-local entries in [0, valid_k) lanes, garbage after them (H-f)."""
+    """Valid sequence-local entries in [0, valid_k) lanes, garbage after them (as the top-k kernel leaves them)."""
     rows = []
     for t in range(len(step.positions)):
         valid_k = step.csa_valid_k(t)

@@ -128,7 +128,7 @@ class DecodeStep:
     # --- the reference -------------------------------------------------------------
     def reference(self, decode: DecodeRows, swa: Sequence[List[int]], csa: Sequence[List[int]],
                   hca: Sequence[List[int]]) -> List[int]:
-        """The flat output the step must produce, per token from the SPEC formulas;
+        """The flat output the step must produce, per token from upstream's index formulas;
         swa/csa/hca are the decode sequences' own tables (KvManager accessors)."""
         lay, n = self.layout, len(decode.positions)
         pad = lay.max_num_seqs - n

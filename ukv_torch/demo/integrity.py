@@ -3,7 +3,7 @@ ops from the staged tables, and check that every index points at a row
 holding the content tag the attention would expect there.
 
 Expectations are computed here, independently of the kernels, from the
-per-token formulas (SPEC.md §2.4-2.6):
+per-token formulas of upstream's index builders:
 - decode token at p: SWA window positions p-n+1..p (n = min(p+1, window)); CSA
   head = the top-k picks (valid_k = min((p+1)//4, committed, index_topk)) then
   the window; HCA head = entries 0..(p+1)//128-1 then the window;
@@ -281,7 +281,7 @@ class IntegrityChecker:
                 w = slice(pre_ptr[t], pre_ptr[t + 1])
                 parts = [(tags[epos], epos, True), (prefix_tags[w], prefix_pos[w], False)]
                 if ratio == 128:
-                    parts.reverse()  # HCA prefill: SWA prefix head, compress tail (H12)
+                    parts.reverse()  # HCA prefill: SWA prefix head, compress tail (decode is the reverse)
                 for e, q, is_cmp in parts:
                     exp.append(e)
                     pos.append(q)

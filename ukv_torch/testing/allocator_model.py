@@ -1,11 +1,13 @@
 """A plain-Python reference model of the ukv allocator semantics.
 
-Written from SPEC.md §1.5 (upstream UnifiedTypePool / UnifiedKvCoordinator)
-with the fixes of ARCHITECTURE.md: ownership checks that reject and change
-nothing (H9), compress takes its own region before borrowing and borrows the
-longest-released SWA slot (H5), an SWA slot's cache entry is evicted exactly
-once when compress first borrows it (C3), exact free counts (H-b), and joint
-admission that never counts one slot for two roles (H2).
+Upstream's UnifiedTypePool / UnifiedKvCoordinator semantics with ukv's
+fixes: ownership checks that reject and change nothing (upstream let double
+frees and foreign ids through), compress takes its own region before
+borrowing and borrows the longest-released SWA slot (upstream borrowed the
+most recently freed one first), an SWA slot's cache entry is evicted exactly
+once, before compress first writes the slot, exact free counts, and joint
+admission that never counts one slot for two roles (upstream's separate SWA
+and compress checks could both count one released slot).
 
 It is deliberately simple rather than fast: ordered dicts for the FIFO orders,
 sets for sub-blocks, free counts recomputed by summation on every query. The
@@ -79,13 +81,13 @@ def ceil_div(a, b):
 
 
 def reference_type_slots(num_swa_blocks, num_compress_blocks, k, block_size=128):
-    """SPEC.md §1.5.1: slots of one type's unified tensor, the shared SWA slots
-    plus the own slots holding num_compress_blocks blocks of k rows."""
+    """Upstream's unified_slot_counts for one type: the shared SWA slots plus
+    the own slots holding num_compress_blocks blocks of k rows."""
     return num_swa_blocks + ceil_div(num_compress_blocks, block_size // k)
 
 
 def reference_layer_rows(ratio, num_swa, nb, block_size, unified):
-    """SPEC.md §2.1: rows of a layer tensor. Unified: its type's slots x block_size;
+    """Upstream's rows of a layer tensor. Unified: its type's slots x block_size;
     static split: the SWA region plus k rows per logical block; dense: the SWA region."""
     if ratio == 0:
         return num_swa * block_size
@@ -560,7 +562,7 @@ class CoordinatorModel:
                 out[f"type{t}_{name}"] = pool.counters[name]
         return out
 
-    # --- joint admission (H2) ---
+    # --- joint admission: one slot is never counted for both SWA and compress ---
     def check_joint_demand(self, n_swa, compress_demand):
         _require(len(compress_demand) == len(self.pools), "compress_demand")
         _require(n_swa >= 0, "n_swa")

@@ -1,7 +1,8 @@
-"""Plain per-token Python reference of the index builders (SPEC.md §2.3-2.6)
-and of the row-space layout's ops (swa_slot_mapping, apply_row_copies).
+"""Plain per-token Python reference of the index builders (upstream's decode
+and prefill index formulas) and of the row-space layout's ops
+(swa_slot_mapping, apply_row_copies).
 
-Written from the SPEC formulas, token by token and cell by cell, on Python
+Written from those formulas, token by token and cell by cell, on Python
 lists; it shares nothing with the C++/CUDA implementation. Inputs are assumed
 valid (the kernels' clamps for bad values are tested separately), except for
 what the contracts define: a negative SWA table entry (a page the sequence

@@ -3,8 +3,9 @@
 Needs xxhash (`pip install xxhash`) for the block hashes; it is imported
 where a hash is computed, so importing the module does not need it.
 
-Written from SPEC.md §1.3-§1.6, the fixes in ARCHITECTURE.md and the rules
-the C++ header documents, without looking at how the C++ computes them:
+Written from upstream's BlockManager and SlidingWindowPool semantics, ukv's
+fixes to them and the rules the C++ header documents, without looking at how
+the C++ computes them:
 
 - Logical blocks: ref counts, a FIFO free list (the longest-freed block is
   reused first), chained xxh64 block hashes with a token-equality check, lazy
@@ -464,7 +465,7 @@ class KvManagerModel(CompressBindings):
             s.hashes.append(h)
             for j in range(i * self.ppb, (i + 1) * self.ppb if self.swa else 0):
                 page = s.swa[j]
-                if page < 0 or j * self.page < s.swa_written_lo:  # only fully written pages (H7)
+                if page < 0 or j * self.page < s.swa_written_lo:  # only fully written pages may serve a hit
                     continue
                 self.swa.publish(page, page_hash(h, j, self.ppb), s.tokens[j * self.page:(j + 1) * self.page])
                 if self.swa.checkpoint_capacity > 0 and self._is_checkpoint(s, i):
@@ -494,7 +495,7 @@ class KvManagerModel(CompressBindings):
             s.swa_written_lo = s.write_lo
         s.num_computed = end
         self._publish_full_blocks(s)
-        self._free_out_of_window(s, end)  # the computed length (H-j)
+        self._free_out_of_window(s, end)  # the computed length: later chunks still need the rest
         if n > 0:  # the pages below the window were the chunk's only
             self.swa_reserved -= s.extra_pages
             s.extra_pages = s.ensured = 0

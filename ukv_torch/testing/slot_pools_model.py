@@ -212,7 +212,7 @@ class SharedSwaSpace:
             if self.busy[opened] == 0:
                 self.swa_free.remove(opened)
             self.busy[opened] += 1
-            if self.cached[opened]:  # compress overwrites the rows: drop the SWA entry first (H-a)
+            if self.cached[opened]:  # compress overwrites the rows: drop the SWA entry first
                 self.cached[opened] = False
                 self.evictions += 1
                 self.on_evict(opened)
