@@ -3,6 +3,7 @@
 accounting matters here.
 
     python benchmarks/capacity.py [--scenario P|V5|L16|all] [--json] [--out F.md] [--plot F.png]
+    python benchmarks/capacity.py --from-json P.json V5.json L16.json --plot F.png   (no rerun)
     python benchmarks/capacity.py --sweep [--out F.md]   # the slot layouts over budgets and mixes
 
 Scenarios (each over several workload seeds):
@@ -166,10 +167,16 @@ def plot(results: List[dict], path: str) -> None:
     for col, result in enumerate(results):
         names = list(result["layouts"])
         figs = [result["layouts"][n] for n in names]
-        for row, (key, label) in enumerate((("ratio_to_static", "served tokens/step vs static"),
-                                            ("budget_in_use_at_first_refusal", "budget in use at 1st refusal"))):
+        ratios = [f["ratio_to_static"] or 0 for f in figs]
+        # A layout that was never refused shows its peak, hatched.
+        in_use = [f["budget_in_use_at_first_refusal"] or f["peak_budget_in_use"] for f in figs]
+        hatches = ["" if f["budget_in_use_at_first_refusal"] else "//" for f in figs]
+        for row, (values, label) in enumerate(((ratios, "served tokens/step vs static"),
+                                               (in_use, "budget in use at 1st refusal (// peak)"))):
             ax = axes[row][col]
-            ax.bar(range(len(names)), [f[key] or 0 for f in figs], color="#4c72b0")
+            bars = ax.bar(range(len(names)), values, color="#4c72b0")
+            for bar, hatch in zip(bars, hatches if row else []):
+                bar.set_hatch(hatch)
             ax.set_xticks(range(len(names)))
             ax.set_xticklabels(names, rotation=35, ha="right", fontsize=7)
             ax.set_title(f"{result['scenario']}: {label}", fontsize=9)
@@ -223,6 +230,8 @@ def main():
     ap.add_argument("--json", action="store_true", help="print one JSON object per scenario instead of tables")
     ap.add_argument("--out", help="also write the tables (markdown) here")
     ap.add_argument("--plot", help="PNG of served tokens per step and budget in use per layout")
+    ap.add_argument("--from-json", nargs="+", metavar="FILE",
+                    help="tables and --plot from the output of earlier --json runs, running nothing")
     ap.add_argument("--sweep", action="store_true", help="the slot layouts over budgets and mixes instead")
     ap.add_argument("--seed", type=int, default=1, help="--sweep: the workload seed")
     ap.add_argument("--max-steps", type=int, default=3000, help="--sweep: the step limit")
@@ -236,13 +245,17 @@ def main():
         if unknown:
             raise SystemExit(f"--layouts: unknown {', '.join(unknown)} (choose from {', '.join(LAYOUTS)})")
         names = sorted(SCENARIOS) if args.scenario == "all" else [args.scenario]
-        results = [run_scenario(name, layouts, sys.stderr) for name in names]
+        if args.from_json:
+            results = [json.loads(line) for path in args.from_json for line in open(path) if line.strip()]
+        else:
+            results = [run_scenario(name, layouts, sys.stderr) for name in names]
         if args.json:
             for result in results:
                 print(json.dumps(result))
         if args.plot:
             plot(results, args.plot)
-        text = header(started) + "\n\n" + "\n\n".join(table(r) for r in results)
+        tables = "\n\n".join(table(r) for r in results)
+        text = tables if args.from_json else header(started) + "\n\n" + tables
     if not args.json:
         print(text)
     if args.out:
