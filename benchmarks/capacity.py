@@ -238,7 +238,8 @@ def main():
     args = ap.parse_args()
     started = time.time()
     if args.sweep:
-        text = header(started) + "\n\n" + sweep(args.seed, args.max_steps, sys.stderr)
+        table_text = sweep(args.seed, args.max_steps, sys.stderr)
+        text = header(started) + "\n\n" + table_text
     else:
         layouts = args.layouts.split(",")
         unknown = [name for name in layouts if name not in LAYOUTS]
