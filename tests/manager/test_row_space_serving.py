@@ -17,6 +17,7 @@ from support.row_space_serving import RowSpaceServing, row_space_config
 # evicted or moved.
 CONFIGS = {
     "page32-mtp2": row_space_config(32, 1800, mtp_k=2),
+    "page32-one-layer-units": row_space_config(32, 2000, unit_layers=1, mtp_k=2),
     "page64-mtp1": row_space_config(64, 2500, mtp_k=1),
     "page64-one-layer-units": row_space_config(64, 2000, unit_layers=1, mtp_k=1),
 }
