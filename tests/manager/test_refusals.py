@@ -6,6 +6,7 @@ and a refusal changes nothing but the refusal count."""
 import pytest
 
 from support.manager_steps import BS, ENVELOPE_ROWS, LAYOUTS, UNIT_ROWS, pair, prefill, state, tokens
+from support.row_space_sync import follow_evictions
 from ukv_torch import KvManager
 from ukv_torch.testing.allocator_model import ceil_div
 from ukv_torch.testing.kv_manager_model import PLACEMENT_STATS
@@ -81,6 +82,7 @@ def test_a_request_that_fits_once_others_finish_is_refused_not_now(layout):
         assert mgr.allocate(1, a) == 0
     prefill(m, 1, a, chunk=4 * BS)
     prefill(model, 1, a, chunk=4 * BS)
+    follow_evictions(model, m)  # the chunks' envelopes evict cached SWA units the model does not place
     assert fits_empty_pools(m, 16 * BS)
     refused(m, model, 16 * BS, 2, KvManager.NOT_NOW)
     for mgr in (m, model):

@@ -79,6 +79,7 @@ class Serving:
         self.next_id = 0
         self.calls = 0
         self.never_fits = 0         # requests refused for good (and dropped)
+        self.preemptions = 0
         self.system_prompts = [self.fresh(n) for n in (2 * self.bs, 3 * self.bs + 17, self.bs + 50)]
 
     def make_memory(self):
@@ -100,9 +101,14 @@ class Serving:
         want = getattr(self.model, name)(*args)
         assert got == want, f"{name}{args[:1]}: C++ {got} != model {want}"
         self.cpp.check_invariants()
+        self.sync_model()
         assert self.cpp_stats() == self.model.stats(), name
         assert self.cpp.take_events() == self.model.take_events(), name
         return got
+
+    def sync_model(self):
+        """Called after every call, before the comparison (the row space brings
+        the model up to evictions it does not predict here)."""
 
     def cpp_stats(self):
         return {k: v for k, v in self.cpp.stats().items() if k not in PLACEMENT_STATS}
@@ -110,10 +116,13 @@ class Serving:
     def compare_tables(self, sid):
         for name in ("logical_table", "swa_table"):
             assert getattr(self.cpp, name)(sid).tolist() == getattr(self.model, name)(sid), (name, sid)
-        for t in range(len(self.ks)):
-            assert self.cpp.phys_table(sid, t).tolist() == self.model.phys_table(sid, t), ("phys", t, sid)
+        self.compare_phys_tables(sid)
         assert self.cpp.num_computed(sid) == self.model.num_computed(sid)
         assert self.cpp.num_tokens(sid) == self.model.num_tokens(sid)
+
+    def compare_phys_tables(self, sid):
+        for t in range(len(self.ks)):
+            assert self.cpp.phys_table(sid, t).tolist() == self.model.phys_table(sid, t), ("phys", t, sid)
 
     def tables(self, sid):
         """(logical blocks, the SWA table's entries, each compress type's physical
@@ -220,6 +229,7 @@ class Serving:
         is dropped, as an engine rejects it."""
         while self.waiting:
             tokens, gen = self.waiting[0]
+            self.before_admission(tokens)
             hit = self.both("can_allocate", tokens)
             cached = self.both("allocate", self.next_id, tokens)
             assert cached == hit, "can_allocate and allocate disagree"
@@ -236,6 +246,9 @@ class Serving:
             self.compare_tables(sid)
             self.claim_hit_tail(sid, cached)
             self.check_reads(sid, cached)  # a hit reads exactly the rows its content was written to
+
+    def before_admission(self, tokens):
+        """Called before each admission (the row space checks its formula here)."""
 
     def claim_hit_tail(self, sid, cached):
         """The SWA pages a hit claimed were written whole by their first owner."""
@@ -320,6 +333,7 @@ class Serving:
         return toks
 
     def preempt(self, victims):
+        self.preemptions += len(victims)
         for sid in victims:  # resumes later from its known tokens (prompt + generated)
             self.waiting.appendleft((list(self.seqs[sid]["tokens"]), 1))
         self.release(victims)

@@ -13,7 +13,8 @@ the C++ computes them:
 - Layouts: the static split (logical == physical compress ids, a private SWA
   pool), the unified slot layouts (compress_bindings_model, slot_pools_model)
   and the row space (row_space_model: envelopes and SWA units counted in
-  rows; where they lie is not modelled).
+  rows; admission reserves a block's envelope and the chunk that writes the
+  block binds it; where units lie is not modelled).
 - SWA pages (swa_pages_model) of swa_page_tokens positions (a block in the
   slot layouts, smaller in the row space): content-addressed, -1
   placeholders, the trailing-window hit gate, the chunk's last window always
@@ -221,7 +222,7 @@ class KvManagerModel(CompressBindings):
     def _block_freed(self, b):
         """Block b's last reference went: its envelope stays cached while it keeps content."""
         if self.rows:
-            self.rows.env.release(b, self.hash[b] is not None)
+            self.rows.release_block(b, self.hash[b] is not None)
         else:
             self._live_change(b, -1)
 
@@ -233,22 +234,21 @@ class KvManagerModel(CompressBindings):
         return (blocks, len(blocks), evicted) if fits(blocks, len(blocks)) else None
 
     def _bind_popped(self, blocks):
+        """A true allocation's blocks get their compress rows: bindings (unified),
+        or the row space's envelopes, which a decode step writes at once."""
         if self.unified:
             self._bind_compress(blocks)
-        elif self.rows:  # cached envelopes go live first, then the others get one
+        elif self.rows:
+            self.rows.take_blocks(blocks)
             for b in blocks:
-                if b in self.rows.env.bound:
-                    self.rows.env.set_cached(b, False)
-            for b in blocks:
-                if b not in self.rows.env.bound:
-                    self.rows.env.bind(b)
+                self.rows.bind_reserved(b)
 
     def _capacity_ok(self, extra_quota, demand, extra_slots=()):
         """Can the live sequences' promises, extra_quota more SWA pages and `demand`
         more compress blocks (row space: live envelopes) all be kept?"""
         if self.rows:
             units = max(self.swa_reserved + extra_quota, self.rows.swa.live())
-            return self.rows.fits(self.rows.env.live() + demand, units)
+            return self.rows.fits(self.rows.promised_envelopes() + demand, units)
         outstanding = max(0, self.swa_reserved + extra_quota - (self.swa.held_slots() if self.swa else 0))
         if self.unified:
             return self.space.can_serve(outstanding if self.swa else 0, demand, list(extra_slots))
@@ -370,7 +370,10 @@ class KvManagerModel(CompressBindings):
         popped = [self._take_block(b) for b in a["fresh"]]
         self.stat["compress_evictions"] += a["evicted"]
         self._reclaim_until(a["quota"], a["demand"])
-        self._bind_popped(popped)
+        if self.rows:  # the chunks that write the blocks bind their envelopes
+            self.rows.take_blocks(popped)
+        else:
+            self._bind_popped(popped)
         for b in popped:
             self._push(s, b)
         s.hashes = list(a["hashes"])
@@ -402,6 +405,9 @@ class KvManagerModel(CompressBindings):
 
     def _ensure_window(self, s, count):
         s.ensured, s.write_lo = count, s.num_computed
+        if self.rows:  # the envelopes of the blocks the chunk writes, before its pages
+            for i in range(s.num_computed // self.bs, self._blocks_for(s.num_computed + count)):
+                self.rows.bind_reserved(s.logical[i])
         if count == 0 or not self.swa:
             return
         first, last = self._chunk_pages(s, count)

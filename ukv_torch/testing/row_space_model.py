@@ -2,13 +2,16 @@
 (ukv_torch.testing.kv_manager_model): how many envelopes (one per logical
 block) and SWA units (one per page) are bound, which bound ones are cached
 (their owner is free but keeps content a hit may use), coldest first, and
-which free owners have no unit. That is all admission and the choice of ids
-depend on: E * live envelopes + U * SWA units <= R.
+which free owners have no unit. A block a sequence takes without an
+envelope is reserved: it gets its envelope when the chunk that writes it is
+provisioned (a decode step's new block at once). That is all admission and
+the choice of ids depend on: E * (live + reserved envelopes) + U * SWA
+units <= R, where only bound units hold rows.
 
 Where the units lie (rows, moves, the copy list) is not modelled; neither is
 which cached unit the row space evicts to make room, which depends on that
 placement. The model assumes no such eviction; a test that sees one (the
-manager's eviction counters) takes it from the manager (evict()).
+manager's eviction counters) takes the manager's state.
 """
 from __future__ import annotations
 
@@ -59,6 +62,37 @@ class RowSpaceCounts:
         self.total_rows = total_rows
         self.env = UnitKind(envelope_rows, num_blocks)
         self.swa = UnitKind(unit_rows, num_pages)
+        self.reserved = 0  # live blocks without an envelope yet
+
+    def take_blocks(self, blocks):
+        """Free blocks went live: a cached one on its own envelope (first, so
+        nothing bound next could evict it), the others reserved."""
+        for b in blocks:
+            if b in self.env.bound:
+                self.env.set_cached(b, False)
+        for b in blocks:
+            if b not in self.env.bound:
+                self.env.unbound_free.remove(b)
+                self.reserved += 1
+
+    def bind_reserved(self, b):
+        """A live block's envelope, now that KV is written there."""
+        if b not in self.env.bound:
+            self.env.bound.add(b)
+            self.reserved -= 1
+
+    def release_block(self, b, keep):
+        """Block b's last reference went: its envelope stays cached if it keeps
+        content, else goes back (a reserved block just gives up its reservation)."""
+        if b in self.env.bound:
+            self.env.release(b, keep)
+            return
+        self.reserved -= 1
+        self.env.unbound_free.push_back(b)
+
+    def promised_envelopes(self):
+        """Envelopes the live blocks hold or were promised."""
+        return self.env.live() + self.reserved
 
     def unheld_rows(self):
         return self.total_rows - len(self.env.bound) * self.env.rows - len(self.swa.bound) * self.swa.rows
