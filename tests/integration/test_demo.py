@@ -54,6 +54,20 @@ def test_a_corrupted_table_entry_fails_the_run(layout):
     assert ": FAIL" in proc.stdout.split("| layout |")[0]
 
 
+def test_row_space_reads_its_kv_through_prefix_hits_and_relocations():
+    """A budget tight enough that the row space moves units to make room, over
+    enough turns that follow-ups hit their cached prefixes: every index still
+    reads the content its position expects."""
+    proc = subprocess.run([sys.executable, "-m", "ukv_torch.demo", "--conversations", "12", "--steps", "300",
+                           "--budget-mib", "16", "--max-num-seqs", "8", "--max-num-batched-tokens", "512",
+                           "--index-topk", "64", "--plot", "", "--layouts", "row_space", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads(proc.stdout)["layouts"]
+    assert row["moved_bytes_per_step_max"] > 0 and row["prefix_hit_rate"] > 0.1
+    assert row["mismatches"] == 0 and row["checked_indices"] > 1_000_000
+
+
 def test_the_text_report_leads_with_the_outcome():
     proc = run_demo("--layouts", "static,row_space")
     assert proc.returncode == 0, proc.stderr[-2000:]
