@@ -56,6 +56,15 @@ def plan_kv_layout(budget_bytes: int, model: Union[ModelKvSpec, Sequence[int]], 
     tensor carries SWA rows no step can fill). With full_retain the SWA pool is
     swa_budget_frac of the budget instead.
 
+    With ``layout="row_space"`` the budget becomes one row space of
+    budget_bytes // row_bytes rows (NoPE plus RoPE bytes of a row; at most
+    2^31 - 1, as row indices are int32), cut into envelopes of E rows (one
+    logical block of every compress layer, then the CSA indexer blocks in the
+    fewest rows that hold them) and SWA units of swa_page_tokens x every
+    layer's rows; the plan gives each layer's base row and each class's SWA
+    row constants (``plan.swa_rows(ratio)``, ``plan.compress_args(ratio)``).
+    A budget below one sequence's envelope and decode window is a ValueError.
+
     Without ``config``, the keyword form of earlier versions is accepted:
     ``mode`` (the layout), ``block_size``, ``window``, ``mtp_k``,
     ``max_num_seqs``, ``full_retain``, ``swa_budget_frac`` and

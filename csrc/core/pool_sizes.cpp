@@ -34,6 +34,8 @@ void validate_row_space(const ServeConfig& c, const PoolSizes& p) {
   require(p.total_rows > 0 && p.envelope_rows > 0 && p.swa_unit_rows > 0,
           "layout 'row_space' needs PoolSizes.total_rows, envelope_rows and swa_unit_rows > 0, got ", p.total_rows,
           ", ", p.envelope_rows, ", ", p.swa_unit_rows);
+  require(p.total_rows <= kMaxRows, "PoolSizes.total_rows ", p.total_rows, " exceeds the int32 row limit ", kMaxRows,
+          " (row indices are int32)");
   require(p.envelope_rows <= p.total_rows && p.swa_unit_rows <= p.total_rows, "PoolSizes.total_rows ",
           p.total_rows, " holds no envelope (", p.envelope_rows, " rows) or no SWA unit (", p.swa_unit_rows, " rows)");
   require(p.num_logical_blocks == p.total_rows / p.envelope_rows, "PoolSizes.num_logical_blocks ",
@@ -48,10 +50,10 @@ void validate_row_space(const ServeConfig& c, const PoolSizes& p) {
 void validate(const ServeConfig& c, const PoolSizes& given) {
   validate(c);
   validate(given);
-  require(given.num_swa_blocks <= kMaxRows / c.block_size, "PoolSizes.num_swa_blocks ", given.num_swa_blocks,
-          " x block_size ", c.block_size, " exceeds the int32 row limit ", kMaxRows);
   const PoolSizes p = resolved(c, given);
   if (c.row_space()) return validate_row_space(c, p);
+  require(p.num_swa_blocks <= kMaxRows / c.block_size, "PoolSizes.num_swa_blocks ", p.num_swa_blocks,
+          " x block_size ", c.block_size, " exceeds the int32 row limit ", kMaxRows);
   require(p.total_rows == 0 && p.envelope_rows == 0 && p.swa_unit_rows == 0,
           "PoolSizes.total_rows, envelope_rows and swa_unit_rows apply to layout 'row_space' only");
   require((c.window > 0) == (p.num_swa_blocks > 0), "ServeConfig.window (", c.window, ") and PoolSizes.num_swa_blocks (",
