@@ -4,6 +4,7 @@ accounting matters here.
 
     python benchmarks/capacity.py [--scenario P|V5|L16|all] [--json] [--out F.md] [--plot F.png]
     python benchmarks/capacity.py --from-json P.json V5.json L16.json --plot F.png   (no rerun)
+    python benchmarks/capacity.py --scenario L16 --seeds 1 --json > L16-1.json    (a seed per process)
     python benchmarks/capacity.py --sweep [--out F.md]   # the slot layouts over budgets and mixes
 
 Scenarios (each over several workload seeds):
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -117,11 +118,12 @@ FIGURES = ("budget_in_use_at_first_refusal", "peak_budget_in_use", "tokens_per_s
            "requests_completed", "steps")
 
 
-def run_scenario(name: str, layouts: List[str], log) -> dict:
+def run_scenario(name: str, layouts: List[str], seeds: Optional[List[int]], log) -> dict:
     sc = SCENARIOS[name]
+    seeds = sc.seeds if seeds is None else seeds
     ratios = PRESETS[sc.preset]
     per_layout: Dict[str, List[dict]] = {layout: [] for layout in layouts}
-    for seed in sc.seeds:
+    for seed in seeds:
         workload = synthetic(seed, num_conversations=sc.conversations, **sc.mix)
         for layout in layouts:
             started = time.time()
@@ -139,10 +141,45 @@ def run_scenario(name: str, layouts: List[str], log) -> dict:
         fig["budget_in_use_at_first_refusal_per_seed"] = [r["budget_in_use_at_first_refusal"] for r in runs]
         fig["served_tokens_per_step"] = fig.pop("tokens_per_step")
         out[layout] = fig
-    static = out.get("static", {}).get("served_tokens_per_step")
-    for fig in out.values():
+    return with_ratios({"scenario": name, "budget_bytes": sc.budget_mib << 20, "seeds": seeds, "layouts": out})
+
+
+def with_ratios(result: dict) -> dict:
+    static = result["layouts"].get("static", {}).get("served_tokens_per_step")
+    for fig in result["layouts"].values():
         fig["ratio_to_static"] = round(fig["served_tokens_per_step"] / static, 4) if static else None
-    return {"scenario": name, "budget_bytes": sc.budget_mib << 20, "seeds": sc.seeds, "layouts": out}
+    return result
+
+
+def combined(results: List[dict]) -> List[dict]:
+    """Runs of one scenario over other seeds (--seeds) as one result: each
+    figure the mean over all their seeds."""
+    by_name: Dict[str, List[dict]] = {}
+    for r in results:
+        by_name.setdefault(r["scenario"], []).append(r)
+    out = []
+    for name, runs in by_name.items():
+        if len(runs) == 1:
+            out.append(runs[0])
+            continue
+        seeds = [seed for r in runs for seed in r["seeds"]]
+        assert len(set(seeds)) == len(seeds), f"{name}: a seed appears in two runs"
+        layouts = {}
+        for layout in runs[0]["layouts"]:
+            parts = [(len(r["seeds"]), r["layouts"][layout]) for r in runs if layout in r["layouts"]]
+            if len(parts) != len(runs):
+                continue  # a layout only some runs have is left out
+            fig = {}
+            for key in ("served_tokens_per_step" if k == "tokens_per_step" else k for k in FIGURES):
+                weighted = [(n, f[key]) for n, f in parts if f.get(key) is not None]
+                count = sum(n for n, _ in weighted)
+                fig[key] = round(sum(n * v for n, v in weighted) / count, 6) if count else None
+            fig["budget_in_use_at_first_refusal_per_seed"] = [
+                v for _, f in parts for v in f["budget_in_use_at_first_refusal_per_seed"]]
+            layouts[layout] = fig
+        out.append(with_ratios({"scenario": name, "budget_bytes": runs[0]["budget_bytes"], "seeds": seeds,
+                                "layouts": layouts}))
+    return out
 
 
 def table(result: dict) -> str:
@@ -230,8 +267,11 @@ def main():
     ap.add_argument("--json", action="store_true", help="print one JSON object per scenario instead of tables")
     ap.add_argument("--out", help="also write the tables (markdown) here")
     ap.add_argument("--plot", help="PNG of served tokens per step and budget in use per layout")
+    ap.add_argument("--seeds", help="comma-separated workload seeds instead of the scenario's (to split a "
+                                    "scenario over processes; --from-json combines the runs)")
     ap.add_argument("--from-json", nargs="+", metavar="FILE",
-                    help="tables and --plot from the output of earlier --json runs, running nothing")
+                    help="tables and --plot from the output of earlier --json runs, running nothing; runs of "
+                         "one scenario over other seeds are combined")
     ap.add_argument("--sweep", action="store_true", help="the slot layouts over budgets and mixes instead")
     ap.add_argument("--seed", type=int, default=1, help="--sweep: the workload seed")
     ap.add_argument("--max-steps", type=int, default=3000, help="--sweep: the step limit")
@@ -247,9 +287,10 @@ def main():
             raise SystemExit(f"--layouts: unknown {', '.join(unknown)} (choose from {', '.join(LAYOUTS)})")
         names = sorted(SCENARIOS) if args.scenario == "all" else [args.scenario]
         if args.from_json:
-            results = [json.loads(line) for path in args.from_json for line in open(path) if line.strip()]
+            results = combined([json.loads(line) for path in args.from_json for line in open(path) if line.strip()])
         else:
-            results = [run_scenario(name, layouts, sys.stderr) for name in names]
+            seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
+            results = [run_scenario(name, layouts, seeds, sys.stderr) for name in names]
         if args.json:
             for result in results:
                 print(json.dumps(result))
