@@ -12,23 +12,26 @@
 namespace ukv {
 namespace {
 
-// Most pages of page_tokens that any w consecutive positions touch.
-int64_t span_pages(int64_t w, int64_t page_tokens) {
-  return w <= 0 ? 0 : ceil_div(w - 1, page_tokens) + 1;
-}
+}  // namespace
 
 // Moves the row space may make between two stage() calls: every unit one step
-// can bind (a chunk's blocks and pages, and each sequence's next block and
-// decode pages), each of which may move the other kind's boundary units until
-// it has its rows.
-int64_t max_row_copies(const ServeConfig& c, const PoolSizes& p) {
-  const int64_t units = ceil_div(c.max_num_batched_tokens, c.block_size) +
-                        ceil_div(c.max_num_batched_tokens, c.swa_page()) + 4 * c.max_num_seqs * (1 + c.mtp_k);
-  const int64_t big = std::max(p.envelope_rows, p.swa_unit_rows), small = std::min(p.envelope_rows, p.swa_unit_rows);
-  return units * (ceil_div(big, small) + 1);
+// can bind, each of which may move the other kind's boundary units until it
+// has its rows. The prefill chunks' share (their blocks and pages) and the
+// decode share (each sequence's next block and decode pages) are kept apart,
+// so chunks cannot use up what append() needs.
+int64_t KvManager::prefill_copy_share(const ServeConfig& c, const PoolSizes& p) {
+  return (ceil_div(c.max_num_batched_tokens, c.block_size) + ceil_div(c.max_num_batched_tokens, c.swa_page())) *
+         moves_per_bind(p);
 }
 
-}  // namespace
+int64_t KvManager::decode_copy_share(const ServeConfig& c, const PoolSizes& p) {
+  return 4 * c.max_num_seqs * (1 + c.mtp_k) * moves_per_bind(p);
+}
+
+int64_t KvManager::moves_per_bind(const PoolSizes& p) {
+  const int64_t big = std::max(p.envelope_rows, p.swa_unit_rows), small = std::min(p.envelope_rows, p.swa_unit_rows);
+  return ceil_div(big, small) + 1;
+}
 
 KvManager::KvManager(const ServeConfig& config, const PoolSizes& pools)
     : serve_((validate(config, pools), config)),
@@ -58,7 +61,7 @@ KvManager::KvManager(const ServeConfig& config, const PoolSizes& pools)
       sparse ? static_cast<int64_t>(static_cast<double>(pools_.num_swa_blocks) * serve_.checkpoint_frac) : 0;
   if (serve_.row_space()) {
     rows_ = std::make_unique<RowSpace>(pools_.total_rows, pools_.envelope_rows, pools_.swa_unit_rows,
-                                       max_row_copies(serve_, pools_));
+                                       prefill_copy_share(serve_, pools_) + decode_copy_share(serve_, pools_));
     for (int64_t b = 0; b < pools_.num_logical_blocks; ++b) unbound_free_.push_back(b);
   } else if (serve_.unified()) {
     std::vector<CompressTypeSpec> types;

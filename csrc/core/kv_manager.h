@@ -147,6 +147,12 @@ class KvManager {
   void stage(const int64_t* seq_ids, int64_t n, const StagingView& view);
   void invalidate_staging();  // the next stage() rewrites every row in full
 
+  // The most units the row space may move to bind one unit: the copies one
+  // bind can add to the step's list.
+  static int64_t moves_per_bind(const PoolSizes& p);
+  // The copy list's room for one step's prefill chunks and for its decode appends.
+  static int64_t prefill_copy_share(const ServeConfig& c, const PoolSizes& p);
+  static int64_t decode_copy_share(const ServeConfig& c, const PoolSizes& p);
   std::vector<KvEvent> take_events();
   const KvManagerStats& stats() const { return stats_; }
   int64_t free_logical_blocks() const { return logical_.free_count(); }
@@ -263,6 +269,11 @@ class KvManager {
   // Pages [first, last] of the sequence's positions written this chunk.
   std::pair<int64_t, int64_t> chunk_pages(const Sequence& s, int64_t num_new_tokens) const;
   void check_ensure(int64_t seq_id, int64_t num_new_tokens) const;
+  // Units the chunk binds in the row space (envelopes of the blocks it
+  // writes that have none, and missing pages).
+  int64_t chunk_units(const Sequence& s, int64_t num_new_tokens) const;
+  // Copies the step's prefill chunks may still add to the row space's list.
+  int64_t prefill_copy_room() const;
   void check_commit_prefill(int64_t seq_id, int64_t num_tokens, int32_t sampled) const;
   void check_commit_decode(int64_t seq_id, int64_t count) const;
   void apply_ensure(Sequence& s, int64_t num_new_tokens);

@@ -36,6 +36,17 @@ int64_t KvManager::missing_swa_pages(const Sequence& s, int64_t num_new_tokens) 
   return missing;
 }
 
+int64_t KvManager::prefill_copy_room() const {
+  return rows_->max_copies() - decode_copy_share(serve_, pools_) - rows_->pending_copies();
+}
+
+int64_t KvManager::chunk_units(const Sequence& s, int64_t num_new_tokens) const {
+  int64_t units = missing_swa_pages(s, num_new_tokens);
+  for (int64_t b = s.num_computed / serve_.block_size; b < blocks_for(s.num_computed + num_new_tokens); ++b)
+    units += !rows_->is_bound(UnitKind::Envelope, s.logical[static_cast<size_t>(b)]);
+  return units;
+}
+
 void KvManager::bind_chunk_envelopes(Sequence& s, int64_t num_new_tokens) {
   const int64_t bs = serve_.block_size;
   for (int64_t b = s.num_computed / bs; b < blocks_for(s.num_computed + num_new_tokens); ++b) {
@@ -63,10 +74,14 @@ bool KvManager::ensure_whole_chunk(Sequence& s) {
   const int64_t first = page_of(s.num_computed), last = page_of(s.write_lo);  // pages [first, last)
   int64_t missing = 0;
   for (int64_t j = first; j < last; ++j) missing += s.swa[static_cast<size_t>(j)] < 0;
-  // Counted as reserved while held, so every promise stays kept; in the row
-  // space only from rows no unit holds (nothing is evicted or moved for it).
+  // Counted as reserved while held, so every promise stays kept. In the row
+  // space only from rows no unit holds (placing them may still evict a
+  // cached unit or move a live one), and only while the step's copy list has
+  // room for the moves.
   if (!capacity_ok(missing, 0)) return false;
-  if (rows_ && rows_->unheld_rows() < missing * pools_.swa_unit_rows) return false;
+  if (rows_ && (rows_->unheld_rows() < missing * pools_.swa_unit_rows ||
+                missing * moves_per_bind(pools_) > prefill_copy_room()))
+    return false;
   for (int64_t j = first; j < last; ++j)
     if (s.swa[static_cast<size_t>(j)] < 0) alloc_page(s, j);
   s.extra_pages += missing;
@@ -77,13 +92,19 @@ bool KvManager::ensure_whole_chunk(Sequence& s) {
 
 void KvManager::ensure_for_tokens(const int64_t* seq_ids, const int64_t* counts, int64_t n) {
   require_distinct_known(seq_ids, n, "ensure_for_tokens");
-  int64_t missing = 0;
+  int64_t missing = 0, units = 0;
   for (int64_t i = 0; i < n; ++i) {
     check_ensure(seq_ids[i], counts[i]);
     missing += missing_swa_pages(seq(seq_ids[i]), counts[i]);
+    if (rows_) units += chunk_units(seq(seq_ids[i]), counts[i]);
   }
   // Admission reserved these pages; running out here would be a broken promise.
   require<OutOfSlots>(missing <= free_swa_slots(), "No free SWA slots available");
+  // The copy list holds one step's moves; chunks that could overflow its
+  // prefill share are refused before anything changes.
+  require(!rows_ || units * moves_per_bind(pools_) <= prefill_copy_room(), "ensure_for_tokens: the chunks bind ",
+          units, " row-space units, more than the moves the step's copy list has room for (",
+          rows_ ? prefill_copy_room() : 0, " copies): keep a step within max_num_batched_tokens and stage() every step");
   for (int64_t i = 0; i < n; ++i) apply_ensure(seq(seq_ids[i]), counts[i]);
   for (int64_t i = 0; i < n; ++i)
     if (ensure_whole_chunk(seq(seq_ids[i]))) ++stats_.whole_chunks;

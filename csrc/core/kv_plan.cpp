@@ -126,9 +126,6 @@ IndexerPacking pack_indexer(const ModelKvSpec& m, int64_t num_csa_layers) {
   return pk;
 }
 
-// A window of w positions spans at most this many pages of b tokens.
-int64_t span_pages(int64_t w, int64_t b) { return w <= 0 ? 0 : ceil_div(w - 1, b) + 1; }
-
 KvPlan plan_row_space(int64_t budget, const ModelKvSpec& m, const ServeConfig& s) {
   const int64_t rb = row_bytes(m), b = s.swa_page();
   const int64_t rows = budget / rb;
@@ -166,7 +163,10 @@ KvPlan plan_row_space(int64_t budget, const ModelKvSpec& m, const ServeConfig& s
   pools.total_rows = rows;
   pools.envelope_rows = env_rows;
   pools.swa_unit_rows = unit_rows;
-  const int64_t min_rows = env_rows + span_pages(s.window + 1 + s.mtp_k, b) * unit_rows;
+  // One block and the pages of a decode step's window (as KvManager's decode
+  // bound: the window of the first query plus this and the last step's
+  // speculative positions).
+  const int64_t min_rows = env_rows + span_pages(s.window + 2 * (1 + s.mtp_k) - 1, b) * unit_rows;
   require(rows >= min_rows, "budget_bytes ", budget, " holds ", rows, " rows of ", rb,
           " bytes, fewer than one sequence needs: an envelope (", env_rows, " rows) and a decode window of SWA units (",
           unit_rows, " rows each), ", min_rows, " rows");

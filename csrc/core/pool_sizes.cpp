@@ -50,10 +50,11 @@ void validate_row_space(const ServeConfig& c, const PoolSizes& p) {
 void validate(const ServeConfig& c, const PoolSizes& given) {
   validate(c);
   validate(given);
+  // The slot layouts' SWA blocks are block_size rows of every layer tensor.
+  require(c.row_space() || given.num_swa_blocks <= kMaxRows / c.block_size, "PoolSizes.num_swa_blocks ",
+          given.num_swa_blocks, " x block_size ", c.block_size, " exceeds the int32 row limit ", kMaxRows);
   const PoolSizes p = resolved(c, given);
   if (c.row_space()) return validate_row_space(c, p);
-  require(p.num_swa_blocks <= kMaxRows / c.block_size, "PoolSizes.num_swa_blocks ", p.num_swa_blocks,
-          " x block_size ", c.block_size, " exceeds the int32 row limit ", kMaxRows);
   require(p.total_rows == 0 && p.envelope_rows == 0 && p.swa_unit_rows == 0,
           "PoolSizes.total_rows, envelope_rows and swa_unit_rows apply to layout 'row_space' only");
   require((c.window > 0) == (p.num_swa_blocks > 0), "ServeConfig.window (", c.window, ") and PoolSizes.num_swa_blocks (",

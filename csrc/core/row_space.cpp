@@ -10,7 +10,9 @@ namespace {
 
 const char* kind_name(UnitKind k) { return k == UnitKind::Envelope ? "envelope" : "SWA unit"; }
 
-bool overlaps(int64_t a, int64_t a_rows, int64_t b, int64_t b_rows) { return a < b + b_rows && b < a + a_rows; }
+bool overlaps(int64_t a, int64_t a_rows, int64_t b, int64_t b_rows) {
+  return a_rows > 0 && b_rows > 0 && a < b + b_rows && b < a + a_rows;
+}
 
 }  // namespace
 
@@ -76,6 +78,26 @@ int32_t RowSpace::phase_for(int64_t dst_row, int64_t rows, int64_t ignore) const
   return phase;
 }
 
+int32_t RowSpace::first_overwrite(int64_t src_row, int64_t rows, int64_t ignore) const {
+  int32_t phase = kMaxCopyPhases;
+  for (size_t i = 0; i < copies_.size(); ++i) {
+    const RowCopy& c = copies_[i];
+    if (static_cast<int64_t>(i) != ignore && overlaps(src_row, rows, c.dst_row, c.rows))
+      phase = std::min(phase, c.phase);
+  }
+  return phase;
+}
+
+void RowSpace::cancel_copy(UnitKind k, int64_t owner) {
+  int32_t& index = copy_index_[idx(k)][static_cast<size_t>(owner)];
+  // Nothing needs the content any more. Left in place, the copies (a chain
+  // for a unit moved on from where a copy put it) would still write rows a
+  // later move may fill in the same phase.
+  for (int64_t cur = index; cur >= 0; cur = copy_prev_[static_cast<size_t>(cur)])
+    copies_[static_cast<size_t>(cur)].rows = 0;
+  index = -1;
+}
+
 int64_t RowSpace::deepest_hole(UnitKind k, bool no_overlap) const {
   const auto& holes = holes_[idx(k)];
   const auto acceptable = [&](int64_t slot) {
@@ -120,6 +142,7 @@ void RowSpace::vacate(UnitKind k, int64_t slot) {
 
 void RowSpace::evict_to_make_room(UnitKind k, int64_t owner) {
   lru_[idx(k)].erase(owner);
+  cancel_copy(k, owner);
   vacate(k, slot_of(k, owner));
   ++counters_.evictions[idx(k)];
   if (on_evict_) on_evict_(k, owner);
@@ -130,21 +153,30 @@ void RowSpace::move(UnitKind k, int64_t owner, int64_t to) {
   const int64_t from = slot_of(k, owner), rows = size_[i];
   const int64_t dst_row = first_row(k, to);
   int32_t& index = copy_index_[i][static_cast<size_t>(owner)];
-  if (index >= 0) {
-    // Moved before in this step: its first source still holds the content,
-    // so that copy now ends here instead (nothing reads its old destination).
+  // Moved before in this step: its first source still holds the content, so
+  // that copy can end here instead (nothing reads its old destination), if
+  // it still reads the source before any copy overwrites it. Otherwise a
+  // second copy carries the content on from the old destination.
+  const int32_t rerouted = index >= 0 ? phase_for(dst_row, rows, index) : kMaxCopyPhases;
+  const bool reroute =
+      index >= 0 && rerouted < first_overwrite(copies_[static_cast<size_t>(index)].src_row, rows, index);
+  const int32_t phase = reroute  ? rerouted
+                        : index >= 0 ? std::max(phase_for(dst_row, rows), copies_[static_cast<size_t>(index)].phase + 1)
+                                     : phase_for(dst_row, rows);
+  // Checked before anything changes.
+  require<StateError>(reroute || static_cast<int64_t>(copies_.size()) < max_copies_, "row space: more than ",
+                      max_copies_, " unit moves between two take_copies() calls; stage the tables every step");
+  require<StateError>(phase < kMaxCopyPhases, "internal: a row copy needs more than ", kMaxCopyPhases, " phases");
+  if (reroute) {
     RowCopy& c = copies_[static_cast<size_t>(index)];
     c.dst_row = static_cast<int32_t>(dst_row);
-    c.phase = phase_for(dst_row, rows, index);
+    c.phase = phase;
   } else {
-    require<StateError>(static_cast<int64_t>(copies_.size()) < max_copies_, "row space: more than ", max_copies_,
-                        " unit moves between two take_copies() calls; stage the tables every step");
     copies_.push_back({static_cast<int32_t>(first_row(k, from)), static_cast<int32_t>(dst_row),
-                       static_cast<int32_t>(rows), phase_for(dst_row, rows)});
+                       static_cast<int32_t>(rows), phase});
+    copy_prev_.push_back(index);  // -1, or the link this one carries on from
     index = static_cast<int32_t>(copies_.size() - 1);
   }
-  require<StateError>(copies_[static_cast<size_t>(index)].phase < kMaxCopyPhases,
-                      "internal: a row copy needs more than ", kMaxCopyPhases, " phases");
   vacate(k, from);
   occupy(k, to, owner);
   ++counters_.moves[i];
@@ -209,6 +241,7 @@ void RowSpace::unbind(UnitKind k, int64_t owner) {
   require_owner(k, owner, "unbind");
   require<StateError>(is_bound(k, owner), "row space unbind: ", kind_name(k), " owner ", owner, " has no unit");
   if (lru_[idx(k)].contains(owner)) lru_[idx(k)].erase(owner);
+  cancel_copy(k, owner);
   vacate(k, slot_of(k, owner));
 }
 
@@ -224,6 +257,7 @@ void RowSpace::evict(UnitKind k, int64_t owner) {
   require_owner(k, owner, "evict");
   require<StateError>(is_cached(k, owner), "row space evict: ", kind_name(k), " owner ", owner, " is not cached");
   lru_[idx(k)].erase(owner);
+  cancel_copy(k, owner);
   vacate(k, slot_of(k, owner));
   ++counters_.evictions[idx(k)];
 }
@@ -232,7 +266,10 @@ std::vector<RowCopy> RowSpace::take_copies() {
   for (size_t k = 0; k < 2; ++k)
     for (auto& index : copy_index_[k]) index = -1;
   std::vector<RowCopy> out;
-  out.swap(copies_);
+  for (const RowCopy& c : copies_)
+    if (c.rows > 0) out.push_back(c);  // cancelled ones copy nothing
+  copies_.clear();
+  copy_prev_.clear();
   return out;
 }
 
@@ -265,6 +302,16 @@ void RowSpace::check_invariants() const {
                         " region ends in a free slot");
   }
   require<StateError>(static_cast<int64_t>(copies_.size()) <= max_copies_, "row space: copy list over capacity");
+  // Copies of one phase run in parallel: none may write rows another one of
+  // the same phase reads or writes.
+  for (size_t i = 0; i < copies_.size(); ++i)
+    for (size_t j = 0; j < copies_.size(); ++j) {
+      const RowCopy &a = copies_[i], &b = copies_[j];
+      require<StateError>(i == j || a.phase != b.phase ||
+                              (!overlaps(a.dst_row, a.rows, b.src_row, b.rows) &&
+                               !overlaps(a.dst_row, a.rows, b.dst_row, b.rows)),
+                          "row space: copies ", i, " and ", j, " of phase ", a.phase, " touch the same rows");
+    }
 }
 
 void RowSpace::write_state(StateWriter& w) const {
@@ -274,8 +321,10 @@ void RowSpace::write_state(StateWriter& w) const {
     w.put_vec(lru_[k].to_vector());
   }
   w.put(static_cast<int64_t>(copies_.size()));
-  for (const RowCopy& c : copies_)
-    for (int64_t v : {c.src_row, c.dst_row, c.rows, c.phase}) w.put(v);
+  for (size_t i = 0; i < copies_.size(); ++i) {
+    const RowCopy& c = copies_[i];
+    for (int64_t v : {c.src_row, c.dst_row, c.rows, c.phase, copy_prev_[i]}) w.put(v);
+  }
   for (size_t k = 0; k < 2; ++k) w.put_vec(copy_index_[k]);
   for (size_t k = 0; k < 2; ++k)
     for (int64_t v : {counters_.binds[k], counters_.evictions[k], counters_.moves[k]}) w.put(v);
@@ -315,9 +364,10 @@ RowSpace RowSpace::read_state(StateReader& r) {
     RowCopy c{};
     c.src_row = static_cast<int32_t>(r.in_range(0, rows - 1, "copy source"));
     c.dst_row = static_cast<int32_t>(r.in_range(0, rows - 1, "copy destination"));
-    c.rows = static_cast<int32_t>(r.in_range(1, rows, "copy rows"));
+    c.rows = static_cast<int32_t>(r.in_range(0, rows, "copy rows"));  // 0: cancelled
     c.phase = static_cast<int32_t>(r.in_range(0, kMaxCopyPhases - 1, "copy phase"));
     s.copies_.push_back(c);
+    s.copy_prev_.push_back(static_cast<int32_t>(r.in_range(-1, i - 1, "copy chain link")));
   }
   for (size_t k = 0; k < 2; ++k) {
     const auto index = r.vec<int64_t>(s.slots_[k], "copy index");

@@ -125,6 +125,11 @@ class RowSpace {
   // The phase a copy writing these rows needs: after every pending copy
   // (but `ignore`) that reads them.
   int32_t phase_for(int64_t dst_row, int64_t rows, int64_t ignore = -1) const;
+  // The first phase in which a pending copy (but `ignore`) writes these rows
+  // (kMaxCopyPhases when none does).
+  int32_t first_overwrite(int64_t src_row, int64_t rows, int64_t ignore) const;
+  // Drops the pending copy of a unit leaving its slot other than by a move.
+  void cancel_copy(UnitKind k, int64_t owner);
   int64_t make_room(UnitKind k);
   void occupy(UnitKind k, int64_t slot, int64_t owner);
   void vacate(UnitKind k, int64_t slot);
@@ -145,6 +150,7 @@ class RowSpace {
   int64_t swa_low_ = 0;                 // SWA region: slots [swa_low_, slots_[Swa])
   std::set<int64_t> holes_[2];          // free slots inside each region
   std::vector<RowCopy> copies_;
+  std::vector<int32_t> copy_prev_;  // [copy] -> the copy it carries content on from (a unit moved twice), or -1
   std::vector<int32_t> copy_index_[2];  // [kind][owner] -> its copy in copies_, or -1
   RowSpaceCounters counters_;
   EvictListener on_evict_;

@@ -302,8 +302,13 @@ UKV_HOST_DEVICE PhaseSpan phase_span(const RowCopyParams& p, int32_t phase) {
   return {static_cast<int32_t>(first), static_cast<int32_t>(count)};
 }
 
+// An entry is applied only if both ranges lie in the planes and do not
+// overlap each other (the manager never makes such a copy; skipping one keeps
+// the CPU's and the GPU's results the same, as a parallel copy of overlapping
+// ranges has no defined order).
 UKV_HOST_DEVICE bool copy_in_bounds(const RowCopyParams& p, int32_t src, int32_t dst, int32_t rows) {
-  return rows > 0 && src >= 0 && dst >= 0 && src <= p.plane_rows - rows && dst <= p.plane_rows - rows;
+  const bool apart = static_cast<int64_t>(src) + rows <= dst || static_cast<int64_t>(dst) + rows <= src;
+  return rows > 0 && src >= 0 && dst >= 0 && src <= p.plane_rows - rows && dst <= p.plane_rows - rows && apart;
 }
 
 }  // namespace ukv::kernels

@@ -60,7 +60,7 @@ def read_row_space(r):
     """Per kind (envelope, SWA unit): the bound owners, the cached ones coldest first, evictions."""
     r.take(4)  # rows, envelope rows, unit rows, max copies
     kinds = [(set(o for o in r.vec() if o >= 0), r.vec()) for _ in range(2)]
-    r.take(4 * r.next())  # the pending copies
+    r.take(5 * r.next())  # the pending copies: source, destination, rows, phase, chain link
     r.vec(), r.vec()       # each owner's copy
     counters = r.take(6)   # binds, evictions, moves of each kind
     r.next()               # moved rows
