@@ -224,6 +224,15 @@ def test_apply_row_copies_skips_entries_outside_the_planes(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_apply_row_copies_skips_an_entry_whose_ranges_overlap(device):
+    """A parallel copy of overlapping ranges has no defined result: skipped on
+    every device, while a touching but disjoint pair of ranges is copied."""
+    plane = torch.arange(8, dtype=torch.int32, device=device).reshape(8, 1)
+    ukv_torch.apply_row_copies([plane], i32([[0, 2, 3], [3, 1, 3], [4, 4, 1], [0, 6, 2]], device), i32([4], device))
+    assert plane.flatten().tolist() == [0, 1, 2, 3, 4, 5, 0, 1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("counts", [[], [0], [0, 0, 0], [-5, 2], [2**31 - 1], [-(2**31), 2**31 - 1], [1, -1, 1]])
 def test_apply_row_copies_counts(device, counts):
     """Negative counts are empty phases, counts past the list are clamped."""

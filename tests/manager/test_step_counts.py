@@ -92,3 +92,20 @@ def test_commit_prefill_without_ensure_or_off_what_was_ensured_is_refused_changi
         m.commit_prefill([2], [50])
     assert unchanged(m, before)
     m.check_invariants()
+
+
+def test_row_space_chunks_that_could_overflow_the_copy_list_are_refused_changing_nothing():
+    """One step's copy list has room for the moves of max_num_batched_tokens
+    of chunks; chunks binding more units than that share could make room for
+    are refused before anything changes, and a step within it goes through."""
+    m, _ = pair("row_space", max_num_batched_tokens=256)
+    for sid in (1, 2):
+        m.allocate(sid, tokens(4 * BS, sid))
+    m.stage([1, 2])
+    before = snapshot(m)
+    with pytest.raises(ValueError, match="copy list has room for"):
+        m.ensure_for_tokens([1, 2], [4 * BS, 4 * BS])
+    assert unchanged(m, before)
+    m.ensure_for_tokens([1, 2], [BS, BS])
+    m.commit_prefill([1, 2], [BS, BS])
+    m.check_invariants()
