@@ -13,7 +13,8 @@ Table layout: `tables` is `staged_tables_shape(config)` int32
 on the manager's device (or on the host without one); `table_index(config,
 name)` says where each table lies: 'logical', 'swa' (-1: a page not held), and the
 physical table of each compress type named by its ratio (the logical ids in
-the static split). `KvManager.table(name)` is that view.
+the static split; in the row space one 'envelope' table, which every ratio
+names). `KvManager.table(name)` is that view.
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ formulas of upstream's index builders. Common conventions:
 - ``compress_base`` is the first compress row of a layer tensor: 0 in the
   unified layout, ``num_swa_blocks * block_size`` in the static split
   (``torch.ops.ukv.compress_base_row``).
-- GPU calls enqueue one kernel on the current stream, allocate nothing and never
+- GPU calls enqueue their kernels (one, or one per copy phase for
+  apply_row_copies) on the current stream, allocate nothing and never
   synchronise: every op can be captured in a CUDA graph.
 """
 from typing import List, Optional

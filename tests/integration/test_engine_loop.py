@@ -1,5 +1,5 @@
 """examples/engine_loop.py, the example of docs/serving-loop.md, run as a user
-runs it: in every layout it must serve its requests with every index reading
+runs it: in the static split, option-2 elastic and the row space it must serve its requests with every index reading
 what its position expects, and a wrong table entry or a skipped row copy must
 fail it."""
 import subprocess
