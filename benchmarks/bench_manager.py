@@ -9,6 +9,10 @@ Two workloads, same calls on both implementations:
 - admission wave: 256 requests sharing a 4-block system prompt (4 prefix-hit
   blocks each, SWA tail present) plus a unique tail, allocate() each.
 
+And, C++ only, the host cost of draining KV events: take_events() after
+prefills that published 1,000 events (stored compress blocks and SWA pages
+of 128 tokens each), records built included.
+
 Run: python benchmarks/bench_manager.py [--out FILE]  (prints a markdown table)
 """
 import argparse
@@ -132,6 +136,24 @@ def bench_admission(make, waves, as_tensor):
     return statistics.median(per_request)
 
 
+def bench_take_events(rounds, events=1000):
+    """Median microseconds of one take_events() call draining `events` stored events."""
+    rng = random.Random(3)
+    times = []
+    for _ in range(rounds):
+        m = ukv_torch.KvManager(**CONFIG)
+        for sid in range(events // 8):  # 4-block prompts by blocks: each block and its page published
+            m.allocate(sid, fresh(rng, 4 * BS + 1))
+            for _ in range(4):
+                m.ensure_for_tokens([sid], [BS])
+                m.commit_prefill([sid], [BS])
+        t0 = time.perf_counter()
+        drained = m.take_events()
+        times.append((time.perf_counter() - t0) * 1e6)
+        assert len(drained) == events, len(drained)
+    return statistics.median(times)
+
+
 def lscpu_summary():
     try:
         with open("/proc/cpuinfo") as f:
@@ -160,6 +182,7 @@ def main():
     lines = [f"{NUM_SEQS} sequences, block_size {BS}, window 128; median us; {lscpu_summary()}; torch {torch.__version__}",
              "", "| workload | C++ (us) | Python model (us) | speedup |", "|---|---|---|---|"]
     lines += [f"| {name} | {c:.1f} | {p:.1f} | {p / c:.0f}x |" for name, c, p in rows]
+    lines += ["", f"take_events() draining 1,000 stored events of 128 tokens: {bench_take_events(20):.0f} us"]
     table = "\n".join(lines)
     print(table)
     if args.out:

@@ -5,6 +5,7 @@
 
 #include "classes/allocator_classes.h"
 #include "classes/kv_manager_class.h"
+#include "ops/hash_ops.h"
 #include "ops/index_op_args.h"
 #include "ops/record_ops.h"
 #include "ops/sizing_ops.h"
@@ -103,8 +104,9 @@ TORCH_LIBRARY(ukv, m) {
            "sequence-level KV manager: prefix cache, sliding window, per-type tables, admission, staging "
            "(config and pools: a serialised ukv_torch.ServeConfig and PoolSizes)",
            {torch::arg("config"), torch::arg("pools"), torch::arg("device") = std::string()})
-      .def("can_allocate", &KvManagerHolder::can_allocate)
-      .def("allocate", &KvManagerHolder::allocate)
+      .def("can_allocate", &KvManagerHolder::can_allocate, "", {torch::arg("tokens"), torch::arg("salt") = 0})
+      .def("allocate", &KvManagerHolder::allocate, "",
+           {torch::arg("seq_id"), torch::arg("tokens"), torch::arg("salt") = 0})
       .def("ensure_for_tokens", &KvManagerHolder::ensure_for_tokens)
       .def("commit_prefill", &KvManagerHolder::commit_prefill)
       .def("can_append", &KvManagerHolder::can_append, "", {torch::arg("seq_ids"), torch::arg("num_new_tokens")})
@@ -149,6 +151,11 @@ TORCH_LIBRARY(ukv, m) {
         &ukv::ops::layer_rows_for_slots);
   m.def("compress_base_row(bool unified, int num_swa_blocks, int block_size) -> int",
         &ukv::ops::compress_base_row);
+
+  // ---- prefix-cache keys, for routers that replay KV events (no tensors) ---
+  // Hashes are uint64 values carried as int64; salt likewise (0: none).
+  m.def("block_hashes(int[] tokens, int block_size, int salt=0) -> int[]", &ukv::ops::block_hashes);
+  m.def("swa_page_hashes(int[] block_hashes, int pages_per_block) -> int[]", &ukv::ops::swa_page_hashes);
 
   // ---- records: configuration and plans cross as serialised records --------
   m.def("record_fields(str record) -> (str[] names, str[] kinds, str[] docs, str[] choices)", &ukv::ops::record_fields);

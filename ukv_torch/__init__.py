@@ -18,7 +18,8 @@ from .allocator import (  # noqa: E402
     unified_slot_counts,
 )
 from .batch_calls import BatchCalls  # noqa: E402
-from .manager import KvEventKind, KvManager, staged_tables_shape, table_index  # noqa: E402
+from .kv_events import KvEvent, KvEventKind, KvRole  # noqa: E402
+from .manager import KvManager, staged_tables_shape, table_index  # noqa: E402
 from .ops import (  # noqa: E402
     apply_row_copies,
     bind_compress_view,
@@ -30,6 +31,7 @@ from .ops import (  # noqa: E402
     prefill_index_metadata,
     swa_slot_mapping,
 )
+from .prefix_hashing import block_hashes, cache_salt, swa_page_hashes  # noqa: E402
 from .planning import MODEL_PRESETS, plan_kv_layout  # noqa: E402
 from .records import KvPlan, ModelKvSpec, PoolSizes, ServeConfig  # noqa: E402
 from .unified_kv import UnifiedKv, allocate_unified_kv  # noqa: E402
@@ -38,9 +40,11 @@ __version__ = "0.1.0"
 __all__ = [
     "BACKEND",
     "BatchCalls",
+    "KvEvent",
     "KvEventKind",
     "KvManager",
     "KvPlan",
+    "KvRole",
     "MODEL_PRESETS",
     "ModelKvSpec",
     "OutOfSlots",
@@ -52,6 +56,8 @@ __all__ = [
     "allocate_unified_kv",
     "apply_row_copies",
     "bind_compress_view",
+    "block_hashes",
+    "cache_salt",
     "csa_translate_pack",
     "decode_index_metadata",
     "hca_decode_indices",
@@ -61,6 +67,7 @@ __all__ = [
     "prefill_index_metadata",
     "slot_counts",
     "staged_tables_shape",
+    "swa_page_hashes",
     "swa_slot_mapping",
     "table_index",
     "unified_slot_counts",

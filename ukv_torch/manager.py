@@ -22,17 +22,13 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from .kv_events import KvEvent, events_from_tensors
+from .prefix_hashing import Salt, salt_arg
 from .records import KvPlan, PoolSizes, ServeConfig
 
-__all__ = ["KvManager", "KvEventKind", "table_index", "staged_tables_shape"]
+__all__ = ["KvManager", "table_index", "staged_tables_shape"]
 
 IntsLike = Union[torch.Tensor, Sequence[int]]
-
-
-class KvEventKind:
-    STORED = 0
-    REMOVED = 1
-    ALL_CLEARED = 2
 
 
 def _ids(x: IntsLike) -> torch.Tensor:
@@ -97,12 +93,12 @@ class KvManager:
     NOT_NOW = -1     # live sequences hold what it needs (or max_num_seqs are live): retry later
     NEVER_FITS = -2  # it would not fit with no sequence live: reject the request
 
-    def can_allocate(self, tokens: IntsLike) -> int:
+    def can_allocate(self, tokens: IntsLike, *, salt: Salt = None) -> int:
         """The cached prefix in tokens allocate() would give now, or NOT_NOW / NEVER_FITS;
         changes nothing (not even the refusal count)."""
-        return self.torch_object.can_allocate(_tokens(tokens))
+        return self.torch_object.can_allocate(_tokens(tokens), salt_arg(salt))
 
-    def allocate(self, seq_id: int, tokens: IntsLike) -> int:
+    def allocate(self, seq_id: int, tokens: IntsLike, *, salt: Salt = None) -> int:
         """Admit a request given its known tokens (the prompt, or prompt + generated
         tokens when a preempted request resumes).
 
@@ -112,8 +108,14 @@ class KvManager:
         changed. A yes is a promise: ensure_for_tokens for its chunks cannot run
         out of memory. ``seq_id`` must be >= 0 and not live; at most
         max_num_seqs sequences are live at once; more than
-        ``max_blocks_per_seq * block_size`` tokens is a ValueError."""
-        return self.torch_object.allocate(seq_id, _tokens(tokens))
+        ``max_blocks_per_seq * block_size`` tokens is a ValueError.
+
+        ``salt`` isolates the request's prefix cache (tenants, LoRA
+        adapters): it hits, and later publishes, only blocks of requests with
+        the same salt. None (or 0) is no salt; an int in [0, 2^64) or bytes
+        (:func:`ukv_torch.cache_salt`). A resumed request passes its salt
+        again. A bad salt is a TypeError / ValueError naming it."""
+        return self.torch_object.allocate(seq_id, _tokens(tokens), salt_arg(salt))
 
     # --- prefill ---
     def ensure_for_tokens(self, seq_ids: IntsLike, counts: IntsLike) -> None:
@@ -229,9 +231,11 @@ class KvManager:
         """SWA quota bounds in pages: tail_pages (the hit's trailing window), prefill_quota_bound, decode_quota_bound."""
         return dict(self.torch_object.quota_bounds())
 
-    def take_events(self) -> List[Tuple[int, int, int, bool]]:
-        """KV events since the last call: (kind, block_hash, parent_hash, has_parent)."""
-        return self.torch_object.take_events()
+    def take_events(self) -> List[KvEvent]:
+        """The KV events since the last call, in order (:class:`ukv_torch.KvEvent`;
+        docs/serving-loop.md, "KV events"): the compress blocks and SWA pages
+        that became hittable or stopped being so, and cache clears."""
+        return events_from_tensors(*self.torch_object.take_events())
 
     def check_invariants(self) -> None:
         """Verify the internal invariants (admission's promise included); RuntimeError

@@ -45,14 +45,15 @@ void KvManagerHolder::make_stager() {
                                           parse_device(device_));
 }
 
-int64_t KvManagerHolder::can_allocate(const at::Tensor& tokens) {
+int64_t KvManagerHolder::can_allocate(const at::Tensor& tokens, int64_t salt) {
   const at::Tensor t = token_arg(tokens, "tokens");
-  return locked([&] { return manager_->can_allocate(t.data_ptr<int32_t>(), t.numel()); });
+  return locked([&] { return manager_->can_allocate(t.data_ptr<int32_t>(), t.numel(), static_cast<uint64_t>(salt)); });
 }
 
-int64_t KvManagerHolder::allocate(int64_t seq_id, const at::Tensor& tokens) {
+int64_t KvManagerHolder::allocate(int64_t seq_id, const at::Tensor& tokens, int64_t salt) {
   const at::Tensor t = token_arg(tokens, "tokens");
-  return locked([&] { return manager_->allocate(seq_id, t.data_ptr<int32_t>(), t.numel()); });
+  return locked(
+      [&] { return manager_->allocate(seq_id, t.data_ptr<int32_t>(), t.numel(), static_cast<uint64_t>(salt)); });
 }
 
 void KvManagerHolder::ensure_for_tokens(const at::Tensor& seq_ids, const at::Tensor& counts) {
@@ -165,14 +166,19 @@ at::Tensor KvManagerHolder::tables() { return locked([&] { return stager_->table
 at::Tensor KvManagerHolder::row_copies() { return locked([&] { return stager_->copies(); }); }
 at::Tensor KvManagerHolder::row_copy_counts() { return locked([&] { return stager_->copy_counts(); }); }
 
-std::vector<std::tuple<int64_t, int64_t, int64_t, bool>> KvManagerHolder::take_events() {
-  return locked([&] {
-    std::vector<std::tuple<int64_t, int64_t, int64_t, bool>> out;
-    for (const auto& e : manager_->take_events())
-      out.emplace_back(static_cast<int64_t>(e.kind), static_cast<int64_t>(e.block_hash),
-                       static_cast<int64_t>(e.parent_hash), e.has_parent);
-    return out;
-  });
+std::tuple<at::Tensor, at::Tensor> KvManagerHolder::take_events() {
+  const KvEventBatch batch = locked([&] { return manager_->take_events(); });
+  constexpr int64_t kFields = 8;
+  const auto n = static_cast<int64_t>(batch.events.size());
+  at::Tensor fields = at::empty({n, kFields}, at::TensorOptions().dtype(at::kLong));
+  int64_t* row = fields.data_ptr<int64_t>();
+  for (const KvEvent& e : batch.events) {
+    for (int64_t v : {static_cast<int64_t>(e.kind), e.seq_no, static_cast<int64_t>(e.role), static_cast<int64_t>(e.hash),
+                      static_cast<int64_t>(e.parent_hash), static_cast<int64_t>(e.has_parent),
+                      static_cast<int64_t>(e.salt), e.num_tokens})
+      *row++ = v;
+  }
+  return {fields, to_tensor(batch.tokens)};
 }
 
 c10::Dict<std::string, int64_t> KvManagerHolder::stats() {

@@ -25,8 +25,9 @@ class KvManagerHolder : public torch::CustomClassHolder {
   KvManagerHolder(std::vector<int64_t> config, std::vector<int64_t> pools, std::string device);
   KvManagerHolder(std::unique_ptr<KvManager> manager, std::string device);
 
-  int64_t can_allocate(const at::Tensor& tokens);
-  int64_t allocate(int64_t seq_id, const at::Tensor& tokens);
+  // salt: the request's 64-bit cache salt as int64 (0: none; KvManager::allocate).
+  int64_t can_allocate(const at::Tensor& tokens, int64_t salt);
+  int64_t allocate(int64_t seq_id, const at::Tensor& tokens, int64_t salt);
   void ensure_for_tokens(const at::Tensor& seq_ids, const at::Tensor& counts);
   void commit_prefill(const at::Tensor& seq_ids, const at::Tensor& counts, const at::Tensor& sampled);
   // num_new_tokens: one count per sequence (1 + its draft tokens this step).
@@ -53,7 +54,11 @@ class KvManagerHolder : public torch::CustomClassHolder {
   at::Tensor row_copies();
   at::Tensor row_copy_counts();
 
-  std::vector<std::tuple<int64_t, int64_t, int64_t, bool>> take_events();
+  // The events since the last call as two flat tensors (one copy each,
+  // whatever the count): int64 [n, 8] rows (kind, seq_no, role, hash,
+  // parent_hash, has_parent, salt, num_tokens), and the int32 tokens of the
+  // Stored events, concatenated in event order.
+  std::tuple<at::Tensor, at::Tensor> take_events();
   c10::Dict<std::string, int64_t> stats();
   std::vector<int64_t> config();
   std::vector<int64_t> pools();

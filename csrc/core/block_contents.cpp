@@ -7,8 +7,8 @@
 
 namespace ukv {
 
-BlockContents::BlockContents(int64_t num_blocks, int64_t block_size)
-    : num_blocks_(num_blocks), block_size_(block_size), has_hash_(static_cast<size_t>(num_blocks), 0),
+BlockContents::BlockContents(int64_t num_blocks, int64_t block_size, KvRole role, KvEventLog* events)
+    : num_blocks_(num_blocks), block_size_(block_size), role_(role), events_(events), has_hash_(static_cast<size_t>(num_blocks), 0),
       hash_(static_cast<size_t>(num_blocks), 0), tokens_(static_cast<size_t>(num_blocks * block_size), 0) {}
 
 int64_t BlockContents::lookup(uint64_t hash, const int32_t* tokens) const {
@@ -19,23 +19,27 @@ int64_t BlockContents::lookup(uint64_t hash, const int32_t* tokens) const {
   return std::memcmp(this->tokens(id), tokens, sizeof(int32_t) * static_cast<size_t>(block_size_)) == 0 ? id : -1;
 }
 
-void BlockContents::publish(int64_t id, uint64_t hash, const int32_t* tokens) {
+void BlockContents::publish(int64_t id, uint64_t hash, const int32_t* tokens, bool has_parent, uint64_t parent,
+                            uint64_t salt) {
   const auto i = static_cast<size_t>(id);
   std::memcpy(&tokens_[i * static_cast<size_t>(block_size_)], tokens,
               sizeof(int32_t) * static_cast<size_t>(block_size_));
   has_hash_[i] = 1;
   hash_[i] = hash;
   by_hash_[hash] = static_cast<int32_t>(id);
+  events_->stored(role_, hash, has_parent, parent, tokens, block_size_, salt);
 }
 
-bool BlockContents::forget(int64_t id) {
+void BlockContents::forget(int64_t id) {
   auto& flag = has_hash_[static_cast<size_t>(id)];
-  if (!flag) return false;
+  if (!flag) return;
   flag = 0;
-  const auto it = by_hash_.find(hash_[static_cast<size_t>(id)]);
-  if (it == by_hash_.end() || it->second != id) return false;
+  const uint64_t hash = hash_[static_cast<size_t>(id)];
+  const auto it = by_hash_.find(hash);
+  // The map may serve another block with this content now: the cache lost nothing.
+  if (it == by_hash_.end() || it->second != id) return;
   by_hash_.erase(it);
-  return true;
+  events_->removed(role_, hash);
 }
 
 void BlockContents::clear(const std::function<bool(int64_t)>& is_free) {

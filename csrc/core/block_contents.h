@@ -5,7 +5,9 @@
 //
 // A block may keep its hash after the map moved on to another block with the
 // same content (lazy eviction): forget() reports whether the map still pointed
-// at it, i.e. whether the cache just lost an entry.
+// at it, i.e. whether the cache just lost an entry. Every change of the map
+// is recorded in the manager's KV event log (Stored / Removed with this
+// pool's role); clear() records nothing, the manager records one AllCleared.
 #pragma once
 
 #include <cstddef>
@@ -14,13 +16,14 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/kv_events.h"
 #include "core/state_io.h"
 
 namespace ukv {
 
 class BlockContents {
  public:
-  BlockContents(int64_t num_blocks, int64_t block_size);
+  BlockContents(int64_t num_blocks, int64_t block_size, KvRole role, KvEventLog* events);
 
   bool has_hash(int64_t id) const { return has_hash_[static_cast<size_t>(id)] != 0; }
   uint64_t hash(int64_t id) const { return hash_[static_cast<size_t>(id)]; }
@@ -28,9 +31,11 @@ class BlockContents {
 
   // The block the cache serves for this hash, if it holds exactly these tokens; else -1.
   int64_t lookup(uint64_t hash, const int32_t* tokens) const;
-  void publish(int64_t id, uint64_t hash, const int32_t* tokens);
-  // Drops the block's content; true when the cache map pointed at it.
-  bool forget(int64_t id);
+  // parent: the event's parent hash (has_parent false for a chain's block 0);
+  // salt: the publishing request's salt, for the event.
+  void publish(int64_t id, uint64_t hash, const int32_t* tokens, bool has_parent, uint64_t parent, uint64_t salt);
+  // Drops the block's content (a Removed event when the cache map pointed at it).
+  void forget(int64_t id);
   // Drops the whole map, and the content of every block with is_free(id).
   void clear(const std::function<bool(int64_t)>& is_free);
 
@@ -44,6 +49,8 @@ class BlockContents {
 
  private:
   int64_t num_blocks_, block_size_;
+  KvRole role_;
+  KvEventLog* events_;
   std::vector<uint8_t> has_hash_;
   std::vector<uint64_t> hash_;
   std::vector<int32_t> tokens_;  // block_size tokens per block, valid while hashed

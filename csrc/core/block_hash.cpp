@@ -73,7 +73,7 @@ uint64_t xxh64(const void* data, size_t len, uint64_t seed) {
   return h;
 }
 
-uint64_t block_hash(const int32_t* tokens, size_t n, bool has_parent, uint64_t parent) {
+uint64_t block_hash(const int32_t* tokens, size_t n, bool has_parent, uint64_t parent, uint64_t salt) {
   // Serialise to the upstream byte layout; thread_local keeps it allocation-free.
   thread_local std::vector<unsigned char> buf;
   buf.resize(8 * (n + 1));
@@ -83,7 +83,15 @@ uint64_t block_hash(const int32_t* tokens, size_t n, bool has_parent, uint64_t p
     off = 8;
   }
   for (size_t i = 0; i < n; ++i, off += 8) store64le(buf.data() + off, static_cast<uint64_t>(int64_t{tokens[i]}));
-  return xxh64(buf.data(), off, 0);
+  return xxh64(buf.data(), off, has_parent ? 0 : salt);
+}
+
+uint64_t swa_page_hash(uint64_t block_hash, int64_t page_in_block, int64_t pages_per_block) {
+  if (pages_per_block == 1) return block_hash;
+  uint64_t h = block_hash ^ (static_cast<uint64_t>(page_in_block + 1) * 0x9E3779B97F4A7C15ull);
+  h = (h ^ (h >> 33)) * 0xFF51AFD7ED558CCDull;
+  h = (h ^ (h >> 33)) * 0xC4CEB9FE1A85EC53ull;
+  return h ^ (h >> 33);
 }
 
 }  // namespace ukv

@@ -38,7 +38,7 @@ KvManager::KvManager(const ServeConfig& config, const PoolSizes& pools)
       pools_(resolved(config, pools)),
       ks_(config.compress_ks()),
       logical_(pools_.num_logical_blocks, serve_.block_size,
-               serve_.unified() && !serve_.row_space() ? num_types() : 0),
+               serve_.unified() && !serve_.row_space() ? num_types() : 0, &events_),
       reclaimable_(serve_.unified() && !serve_.row_space() ? pools_.num_swa_blocks : 0),
       unbound_free_(serve_.row_space() ? pools_.num_logical_blocks : 0),
       row_seq_(static_cast<size_t>(serve_.max_num_seqs), -1), row_len_(static_cast<size_t>(serve_.max_num_seqs), 0) {
@@ -73,7 +73,7 @@ KvManager::KvManager(const ServeConfig& config, const PoolSizes& pools)
     live_in_slot_.assign(static_cast<size_t>(pools_.num_swa_blocks), 0);
   }
   if (serve_.window > 0)
-    swa_ = std::make_unique<SwaBlocks>(pools_.num_swa_blocks, page_, coord_.get(), rows_.get(), checkpoint_capacity);
+    swa_ = std::make_unique<SwaBlocks>(pools_.num_swa_blocks, page_, coord_.get(), rows_.get(), checkpoint_capacity, &events_);
   install_evict_listener();
   swa_reserved_ = checkpoint_reserve();
 }
@@ -86,7 +86,7 @@ void KvManager::install_evict_listener() {
   if (rows_)
     rows_->set_evict_listener([this](UnitKind kind, int64_t owner) {
       if (kind == UnitKind::Swa) return swa_->on_row_evicted(owner);
-      logical_.drop_hash(owner, events_);
+      logical_.drop_hash(owner);
       unbound_free_.push_back(owner);
     });
 }
@@ -169,8 +169,9 @@ void KvManager::deallocate(const int64_t* seq_ids, int64_t n) {
 }
 
 void KvManager::clear_cache() {
-  logical_.clear_cache(events_);
+  logical_.clear_cache();
   if (swa_) swa_->clear_cache();
+  events_.all_cleared();
   if (!rows_) return;
   // Cached envelopes hold nothing a hit could use now: give them back.
   for (int64_t id = rows_->coldest_cached(UnitKind::Envelope); id >= 0;
@@ -204,12 +205,6 @@ void KvManager::on_block_freed(int64_t id) {
 void KvManager::on_block_claimed(int64_t id) {
   if (rows_) rows_->set_cached(UnitKind::Envelope, id, false);
   else on_live_change(id, +1);
-}
-
-std::vector<KvEvent> KvManager::take_events() {
-  std::vector<KvEvent> out;
-  out.swap(events_);
-  return out;
 }
 
 }  // namespace ukv

@@ -35,6 +35,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/block_hash.h"
 #include "core/ceil_div.h"
 #include "core/coordinator.h"
 #include "core/kv_events.h"
@@ -95,11 +96,14 @@ class KvManager {
   // sequences are live), kNeverFits when it would not fit even with none live.
   static constexpr int64_t kNotNow = -1;
   static constexpr int64_t kNeverFits = -2;
+  // salt isolates the request's prefix cache: it seeds block 0's hash
+  // (block_hash.h), so it hits and publishes only blocks of requests with
+  // the same salt; 0 is no salt. A resumed request passes its salt again.
   // The cached prefix in tokens allocate() would give, or a refusal.
-  int64_t can_allocate(const int32_t* tokens, int64_t n) const;
+  int64_t can_allocate(const int32_t* tokens, int64_t n, uint64_t salt = 0) const;
   // Admits the request: returns its cached tokens (prefill starts there), or
   // a refusal with nothing changed. seq_id must be >= 0 and not live.
-  int64_t allocate(int64_t seq_id, const int32_t* tokens, int64_t n);
+  int64_t allocate(int64_t seq_id, const int32_t* tokens, int64_t n, uint64_t salt = 0);
 
   // --- prefill (batch calls: every entry is validated before any changes) ---
   // Materialises the SWA pages each sequence's next chunk of counts[i] tokens
@@ -153,7 +157,8 @@ class KvManager {
   // The copy list's room for one step's prefill chunks and for its decode appends.
   static int64_t prefill_copy_share(const ServeConfig& c, const PoolSizes& p);
   static int64_t decode_copy_share(const ServeConfig& c, const PoolSizes& p);
-  std::vector<KvEvent> take_events();
+  // The KV events since the last call (kv_events.h), in order.
+  KvEventBatch take_events() { return events_.take(); }
   const KvManagerStats& stats() const { return stats_; }
   int64_t free_logical_blocks() const { return logical_.free_count(); }
   int64_t free_swa_slots() const { return swa_ ? swa_->free_slots() : 0; }
@@ -178,6 +183,7 @@ class KvManager {
     std::vector<int32_t> logical;
     std::vector<int32_t> swa;        // one entry per page of the logical blocks
     std::vector<uint64_t> hashes;    // chain over the published blocks [0, hashes.size())
+    uint64_t salt = 0;               // seeds hashes[0]
     int64_t swa_written_lo = 0;      // SWA rows of positions [lo, num_computed) are all written
     int64_t swa_freed_upto = 0;      // pages [0, this) are window-freed (-1)
     int64_t swa_quota = 0;
@@ -228,7 +234,7 @@ class KvManager {
   void reclaim_until(int64_t extra_quota, int64_t compress_demand);
   void reclaim_one_slot();
 
-  Admission admission(const int32_t* tokens, int64_t n) const;
+  Admission admission(const int32_t* tokens, int64_t n, uint64_t salt) const;
   bool fits_empty_pools(int64_t blocks, int64_t quota) const;
   int64_t refusal(int64_t n) const;
   FreshBlocks fresh_walk() const { return {{}, 0, 0, logical_.free_list().front()}; }
@@ -243,7 +249,7 @@ class KvManager {
   int64_t bounded_hit(const int32_t* tokens, int64_t hit, const std::vector<uint64_t>& hashes) const;
   // The SWA page id cached for page j of a prefix with these block hashes, -1 if absent.
   int64_t lookup_page(const int32_t* tokens, int64_t page, const std::vector<uint64_t>& hashes) const;
-  uint64_t page_hash(uint64_t block_hash, int64_t page) const;
+  uint64_t page_hash(uint64_t block_hash, int64_t page) const { return swa_page_hash(block_hash, page % ppb_, ppb_); }
   bool is_checkpoint(const Sequence& s, int64_t block) const;
 
   int64_t take_block(int64_t id);
@@ -304,6 +310,7 @@ class KvManager {
   void read_sequence(StateReader& r);
 
   ServeConfig serve_;
+  KvEventLog events_;               // before the pools whose content changes it records
   PoolSizes pools_;                 // type_slots resolved (slot_counts when it was empty)
   std::vector<int64_t> ks_;         // rows per block of each compress type
   int64_t page_ = 0, ppb_ = 1;      // tokens per SWA page, pages per block
@@ -322,7 +329,6 @@ class KvManager {
   // binds its blocks' envelopes when ensure_for_tokens reaches them).
   int64_t envelopes_reserved_ = 0;
   std::vector<int64_t> row_seq_, row_len_;           // staging rows: sequence and length last written
-  std::vector<KvEvent> events_;
   KvManagerStats stats_;
   mutable uint64_t batch_mark_ = 0;
 };

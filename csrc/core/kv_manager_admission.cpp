@@ -172,14 +172,14 @@ void KvManager::reserve_envelopes(const std::vector<int64_t>& ids) {
 
 void KvManager::unbind(int64_t id) {
   for (int64_t t = 0; t < num_types(); ++t) free_binding(t, id);
-  logical_.drop_hash(id, events_);  // its KV is gone: the cache must not hit it
+  logical_.drop_hash(id);  // its KV is gone: the cache must not hit it
 }
 
 // A true allocation's logical half: the block goes live with whatever
 // binding it retains, so no reclaim can take that binding away before
 // bind_popped() decides about it.
 int64_t KvManager::take_block(int64_t id) {
-  logical_.take(id, events_);
+  logical_.take(id);
   on_live_change(id, +1);
   return id;
 }
@@ -273,16 +273,6 @@ KvManager::FreshBlocks KvManager::choose_row_space_fresh(int64_t count, const st
 
 // --------------------------------------------------------------- admission --
 
-uint64_t KvManager::page_hash(uint64_t block_hash, int64_t page) const {
-  if (ppb_ == 1) return block_hash;
-  // The block's hash covers the whole prefix up to its end; the page's index
-  // inside the block tells the pages apart (a finaliser mixes it in).
-  uint64_t h = block_hash ^ (static_cast<uint64_t>(page % ppb_ + 1) * 0x9E3779B97F4A7C15ull);
-  h = (h ^ (h >> 33)) * 0xFF51AFD7ED558CCDull;
-  h = (h ^ (h >> 33)) * 0xC4CEB9FE1A85EC53ull;
-  return h ^ (h >> 33);
-}
-
 int64_t KvManager::lookup_page(const int32_t* tokens, int64_t page, const std::vector<uint64_t>& hashes) const {
   return swa_->lookup(page_hash(hashes[static_cast<size_t>(page / ppb_)], page), tokens + page * page_);
 }
@@ -305,7 +295,7 @@ int64_t KvManager::bounded_hit(const int32_t* tokens, int64_t hit, const std::ve
   return 0;
 }
 
-KvManager::Admission KvManager::admission(const int32_t* tokens, int64_t n) const {
+KvManager::Admission KvManager::admission(const int32_t* tokens, int64_t n, uint64_t salt) const {
   require(n > 0, "a request needs at least one token, got ", n);
   const int64_t nb = blocks_for(n);
   require(nb <= serve_.max_blocks_per_seq, "a request of ", n, " tokens needs ", nb, " blocks, more than max_blocks_per_seq ",
@@ -318,7 +308,8 @@ KvManager::Admission KvManager::admission(const int32_t* tokens, int64_t n) cons
     const int64_t candidates = std::min(nb - 1, n / serve_.block_size);
     for (int64_t i = 0; i < candidates; ++i) {
       const int32_t* toks = tokens + i * serve_.block_size;
-      const uint64_t h = block_hash(toks, static_cast<size_t>(serve_.block_size), i > 0, i > 0 ? a.hashes.back() : 0);
+      const uint64_t h =
+          block_hash(toks, static_cast<size_t>(serve_.block_size), i > 0, i > 0 ? a.hashes.back() : 0, salt);
       const int64_t id = logical_.lookup(h, toks);
       if (id < 0) break;
       a.hashes.push_back(h);
@@ -376,15 +367,15 @@ int64_t KvManager::refusal(int64_t n) const {
   return fits_empty_pools(blocks, swa_ ? quota_for(blocks, false) : 0) ? kNotNow : kNeverFits;
 }
 
-int64_t KvManager::can_allocate(const int32_t* tokens, int64_t n) const {
-  const Admission a = admission(tokens, n);
+int64_t KvManager::can_allocate(const int32_t* tokens, int64_t n, uint64_t salt) const {
+  const Admission a = admission(tokens, n, salt);
   return a.ok ? a.cached_blocks * serve_.block_size : refusal(n);
 }
 
-int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n) {
+int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n, uint64_t salt) {
   require(seq_id >= 0, "sequence ids must be >= 0 (-1 is the padding sentinel of the index ops), got ", seq_id);
   require(!has_sequence(seq_id), "sequence id ", seq_id, " is already allocated");
-  const Admission a = admission(tokens, n);
+  const Admission a = admission(tokens, n, salt);
   if (!a.ok) {
     ++stats_.admission_refusals;
     return refusal(n);
@@ -416,6 +407,7 @@ int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n) {
   for (int64_t id : popped) push_block(s, id);
   s.tokens.assign(tokens, tokens + n);
   s.hashes = a.hashes;
+  s.salt = salt;
   s.num_prompt = n;
   s.num_computed = hits * bs;
   s.swa_written_lo = first_hit_page * page_;

@@ -124,6 +124,7 @@ void KvManager::write_sequence(StateWriter& w, int64_t id, const Sequence& s) co
   w.put_vec(s.logical);
   for (int32_t b : s.swa) w.put(b);
   w.put_vec(s.hashes);
+  w.put(static_cast<int64_t>(s.salt));
 }
 
 std::vector<int64_t> KvManager::to_state() const {
@@ -147,11 +148,7 @@ std::vector<int64_t> KvManager::to_state() const {
   std::sort(ids.begin(), ids.end());  // canonical order
   w.put(static_cast<int64_t>(ids.size()));
   for (int64_t id : ids) write_sequence(w, id, seqs_.at(id));
-  w.put(static_cast<int64_t>(events_.size()));
-  for (const auto& e : events_)
-    for (int64_t v : {static_cast<int64_t>(e.kind), static_cast<int64_t>(e.block_hash),
-                      static_cast<int64_t>(e.parent_hash), static_cast<int64_t>(e.has_parent)})
-      w.put(v);
+  events_.write_state(w);
   for (int64_t v : {stats_.admissions, stats_.admission_refusals, stats_.appends, stats_.append_refusals,
                     stats_.prefix_query_blocks, stats_.compressed_hit_blocks, stats_.prefix_hit_blocks,
                     stats_.reclaimed_slots, stats_.reclaimed_blocks, stats_.compress_evictions, stats_.whole_chunks})
@@ -183,6 +180,7 @@ void KvManager::read_sequence(StateReader& r) {
     s.swa_held += w >= 0;
   }
   s.hashes = r.vec<uint64_t>(static_cast<int64_t>(s.logical.size()), "hash");
+  s.salt = static_cast<uint64_t>(r.next());
   swa_reserved_ += s.swa_quota + s.extra_pages;
   if (rows_)  // the row space's state says which blocks are bound
     for (int32_t b : s.logical) envelopes_reserved_ += !rows_->is_bound(UnitKind::Envelope, b);
@@ -220,14 +218,7 @@ std::unique_ptr<KvManager> KvManager::from_state(const std::vector<int64_t>& st)
   if (m->swa_) m->swa_->read_state(r);
   const int64_t nseqs = r.count(std::numeric_limits<int64_t>::max(), "sequence");
   for (int64_t k = 0; k < nseqs; ++k) m->read_sequence(r);
-  const int64_t nevents = r.count(std::numeric_limits<int64_t>::max(), "event");
-  for (int64_t k = 0; k < nevents; ++k) {
-    KvEvent e{static_cast<KvEventKind>(r.in_range(0, 2, "event kind"))};
-    e.block_hash = static_cast<uint64_t>(r.next());
-    e.parent_hash = static_cast<uint64_t>(r.next());
-    e.has_parent = r.flag("has_parent");
-    m->events_.push_back(e);
-  }
+  m->events_.read_state(r);
   auto& sx = m->stats_;
   for (int64_t* f : {&sx.admissions, &sx.admission_refusals, &sx.appends, &sx.append_refusals, &sx.prefix_query_blocks,
                      &sx.compressed_hit_blocks, &sx.prefix_hit_blocks, &sx.reclaimed_slots, &sx.reclaimed_blocks,

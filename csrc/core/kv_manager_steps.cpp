@@ -137,15 +137,15 @@ void KvManager::publish_full_blocks(Sequence& s) {
     const int32_t* toks = s.tokens.data() + i * bs;
     const bool has_parent = i > 0;
     const uint64_t parent = has_parent ? s.hashes.back() : 0;
-    const uint64_t h = block_hash(toks, static_cast<size_t>(bs), has_parent, parent);
-    logical_.publish(s.logical[static_cast<size_t>(i)], h, toks, has_parent, parent, events_);
+    const uint64_t h = block_hash(toks, static_cast<size_t>(bs), has_parent, parent, s.salt);
+    logical_.publish(s.logical[static_cast<size_t>(i)], h, toks, has_parent, parent, s.salt);
     s.hashes.push_back(h);
     for (int64_t j = i * ppb_; swa_ && j < (i + 1) * ppb_; ++j) {
       const int32_t page = s.swa[static_cast<size_t>(j)];
       // Only a fully written SWA page may serve a later hit: a partly written
       // one would show the hitting request positions nobody wrote.
       if (page < 0 || j * page_ < s.swa_written_lo) continue;
-      swa_->publish(page, page_hash(h, j), s.tokens.data() + j * page_);
+      swa_->publish(page, page_hash(h, j), s.tokens.data() + j * page_, h, s.salt);
       if (sparse && is_checkpoint(s, i)) swa_->pin(page);
     }
   }

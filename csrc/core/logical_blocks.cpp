@@ -4,8 +4,8 @@
 
 namespace ukv {
 
-LogicalBlocks::LogicalBlocks(int64_t num_blocks, int64_t block_size, int64_t num_types)
-    : ref_(static_cast<size_t>(num_blocks), 0), contents_(num_blocks, block_size),
+LogicalBlocks::LogicalBlocks(int64_t num_blocks, int64_t block_size, int64_t num_types, KvEventLog* events)
+    : ref_(static_cast<size_t>(num_blocks), 0), contents_(num_blocks, block_size, KvRole::Compress, events),
       binding_(static_cast<size_t>(num_types), std::vector<int32_t>(static_cast<size_t>(num_blocks), -1)),
       free_(num_blocks) {
   for (int64_t b = 0; b < num_blocks; ++b) free_.push_back(b);
@@ -16,15 +16,10 @@ void LogicalBlocks::claim(int64_t id) {
   ++ref_[static_cast<size_t>(id)];
 }
 
-void LogicalBlocks::forget(int64_t id, std::vector<KvEvent>& events) {
-  const uint64_t hash = contents_.hash(id);
-  if (contents_.forget(id)) events.push_back({KvEventKind::Removed, hash});
-}
-
-void LogicalBlocks::take(int64_t id, std::vector<KvEvent>& events) {
+void LogicalBlocks::take(int64_t id) {
   require<StateError>(free_.contains(id), "internal: logical block ", id, " taken while not free");
   free_.erase(id);
-  forget(id, events);
+  contents_.forget(id);
   ref_[static_cast<size_t>(id)] = 1;
 }
 
@@ -36,17 +31,8 @@ bool LogicalBlocks::release(int64_t id) {
   return true;
 }
 
-void LogicalBlocks::publish(int64_t id, uint64_t hash, const int32_t* tokens, bool has_parent, uint64_t parent,
-                            std::vector<KvEvent>& events) {
-  contents_.publish(id, hash, tokens);
-  events.push_back({KvEventKind::Stored, hash, parent, has_parent});
-}
-
-void LogicalBlocks::drop_hash(int64_t id, std::vector<KvEvent>& events) { forget(id, events); }
-
-void LogicalBlocks::clear_cache(std::vector<KvEvent>& events) {
+void LogicalBlocks::clear_cache() {
   contents_.clear([this](int64_t id) { return ref_[static_cast<size_t>(id)] == 0; });
-  events.push_back({KvEventKind::AllCleared});
 }
 
 void LogicalBlocks::check_invariants() const {

@@ -21,7 +21,8 @@ namespace ukv {
 
 class LogicalBlocks {
  public:
-  LogicalBlocks(int64_t num_blocks, int64_t block_size, int64_t num_types);
+  // Content changes are recorded in `events` (role Compress).
+  LogicalBlocks(int64_t num_blocks, int64_t block_size, int64_t num_types, KvEventLog* events);
 
   int64_t num_blocks() const { return static_cast<int64_t>(ref_.size()); }
   int64_t free_count() const { return free_.size(); }
@@ -40,16 +41,19 @@ class LogicalBlocks {
   // longest-free one): drops its stale hash (emitting Removed if the cache
   // still pointed at it) and gives it ref 1. The caller decides about its
   // physical blocks.
-  void take(int64_t id, std::vector<KvEvent>& events);
+  void take(int64_t id);
   // Drops a reference; at 0 the block joins the back of the free list with its
   // hash and binding kept. Returns true when it became free.
   bool release(int64_t id);
 
-  void publish(int64_t id, uint64_t hash, const int32_t* tokens, bool has_parent, uint64_t parent,
-               std::vector<KvEvent>& events);
+  void publish(int64_t id, uint64_t hash, const int32_t* tokens, bool has_parent, uint64_t parent, uint64_t salt) {
+    contents_.publish(id, hash, tokens, has_parent, parent, salt);
+  }
   // Forgets a block's content (the cache may no longer hit it).
-  void drop_hash(int64_t id, std::vector<KvEvent>& events);
-  void clear_cache(std::vector<KvEvent>& events);
+  void drop_hash(int64_t id) { contents_.forget(id); }
+  // Forgets the content of every free block, and the map (no event: the
+  // manager records one AllCleared for both caches).
+  void clear_cache();
 
   // --- physical bindings (unified layout) ---
   int32_t binding(int64_t type, int64_t id) const { return binding_[static_cast<size_t>(type)][static_cast<size_t>(id)]; }
@@ -63,8 +67,6 @@ class LogicalBlocks {
   void read_state(StateReader& r);
 
  private:
-  void forget(int64_t id, std::vector<KvEvent>& events);
-
   std::vector<int32_t> ref_;
   BlockContents contents_;
   std::vector<std::vector<int32_t>> binding_;   // [type][logical] -> phys or -1

@@ -5,10 +5,10 @@
 namespace ukv {
 
 SwaBlocks::SwaBlocks(int64_t num_pages, int64_t page_tokens, Coordinator* coordinator, RowSpace* rows,
-                     int64_t checkpoint_capacity)
+                     int64_t checkpoint_capacity, KvEventLog* events)
     : coordinator_(coordinator), rows_(rows), unbound_free_(rows ? num_pages : 0),
       checkpoint_capacity_(checkpoint_capacity), ref_(static_cast<size_t>(num_pages), 0),
-      contents_(num_pages, page_tokens), lru_(num_pages) {
+      contents_(num_pages, page_tokens, KvRole::Swa, events), lru_(num_pages) {
   if (rows_) {
     for (int64_t id = 0; id < num_pages; ++id) unbound_free_.push_back(id);
   } else if (!coordinator_) {

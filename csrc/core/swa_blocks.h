@@ -32,8 +32,9 @@ class SwaBlocks {
  public:
   // Page ids come from the coordinator, else from the row space, else (the
   // static split) from a private pool.
+  // Content changes are recorded in `events` (role Swa).
   SwaBlocks(int64_t num_pages, int64_t page_tokens, Coordinator* coordinator, RowSpace* rows,
-            int64_t checkpoint_capacity);
+            int64_t checkpoint_capacity, KvEventLog* events);
 
   int64_t num_blocks() const { return static_cast<int64_t>(ref_.size()); }
   bool enabled() const { return num_blocks() > 0; }
@@ -48,7 +49,10 @@ class SwaBlocks {
   int64_t alloc();                // fresh block, ref 1, stale hash dropped
   void claim(int64_t id);         // cache hit: a free block is reclaimed, a held one shared
   void release(int64_t id);       // ref - 1; at 0 the slot returns (hash kept)
-  void publish(int64_t id, uint64_t hash, const int32_t* tokens) { contents_.publish(id, hash, tokens); }
+  // block_hash: the hash of the compress block holding the page (the event's parent).
+  void publish(int64_t id, uint64_t hash, const int32_t* tokens, uint64_t block_hash, uint64_t salt) {
+    contents_.publish(id, hash, tokens, true, block_hash, salt);
+  }
   void pin(int64_t id);           // checkpoint pin / LRU refresh
   void refresh(int64_t id) { if (lru_.contains(id)) { lru_.erase(id); lru_.push_back(id); } }
   void evict_slot(int64_t id);    // compress took this released slot: forget its content

@@ -32,6 +32,17 @@ TEST(BlockHash, MatchesTheDocumentedByteLayout) {
   EXPECT_EQ(block_hash(toks.data(), toks.size(), true, parent), xxh64(bytes.data(), bytes.size()));
   EXPECT_EQ(block_hash(toks.data(), toks.size(), false, 0), xxh64(bytes.data() + 8, bytes.size() - 8));
   EXPECT_NE(block_hash(toks.data(), toks.size(), true, parent), block_hash(toks.data(), toks.size(), true, parent + 1));
+  // A salt seeds block 0 only; a chained block inherits it through its parent.
+  const uint64_t salt = 0xFEEDFACEULL;
+  EXPECT_EQ(block_hash(toks.data(), toks.size(), false, 0, salt), xxh64(bytes.data() + 8, bytes.size() - 8, salt));
+  EXPECT_EQ(block_hash(toks.data(), toks.size(), true, parent, salt), block_hash(toks.data(), toks.size(), true, parent));
+}
+
+TEST(BlockHash, SwaPageKeysAreTheBlockHashWithOnePagePerBlockElseDistinct) {
+  const uint64_t h = 0x0123456789ABCDEFULL;
+  EXPECT_EQ(swa_page_hash(h, 0, 1), h);
+  EXPECT_NE(swa_page_hash(h, 0, 4), swa_page_hash(h, 1, 4));
+  EXPECT_NE(swa_page_hash(h, 0, 4), h);
 }
 
 }  // namespace

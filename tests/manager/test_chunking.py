@@ -4,7 +4,8 @@ against the pure-Python model and against what a hit must be."""
 import pytest
 
 from support.manager_steps import BS, LAYOUTS, pair, prefill, tokens
-from ukv_torch.testing.kv_manager_model import STORED, as_int64, block_hash
+from ukv_torch import KvEventKind, KvRole
+from ukv_torch.testing.kv_manager_model import block_hash
 
 layouts = pytest.mark.parametrize("layout", sorted(LAYOUTS))
 # Pools with room beyond every promise (and no page reused before the queries).
@@ -86,12 +87,12 @@ def shared_blocks(query, prompts):
 
 
 def stored_chain(events, t):
-    """The blocks the stored events name, checked to be t's blocks 0.. in chain order."""
-    stored = [e for e in events if e[0] == STORED]
+    """The compress blocks the stored events name, checked to be t's blocks 0.. in chain order."""
+    stored = [e for e in events if (e.kind, e.role) == (KvEventKind.STORED, KvRole.COMPRESS)]
     parent = None
-    for i, (_, h, p, has_parent) in enumerate(stored):
+    for i, e in enumerate(stored):
         want = block_hash(t[i * BS:(i + 1) * BS], parent)
-        assert (h, p, has_parent) == (as_int64(want), as_int64(parent) if parent else 0, parent is not None)
+        assert (e.block_hash, e.parent_hash) == (want, parent)
         parent = want
     return len(stored)
 

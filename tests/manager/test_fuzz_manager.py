@@ -6,7 +6,7 @@ step, some sequences prefilling, some decoding, tables staged), then
 makes random calls of any method, on the torch class or through the Python
 wrapper, with arguments of every kind: live, unknown, repeated and extreme
 sequence ids; counts around each sequence's remaining tokens; token ids out of
-range; per-sequence speculative widths outside [1, 1 + mtp_k], or one count
+range; admissions under cache salts (none, ints to 2^64 - 1, bytes); per-sequence speculative widths outside [1, 1 + mtp_k], or one count
 too few or too many; batch tensors of any dtype, rank, device, stride or
 length.
 
@@ -29,8 +29,12 @@ from hypothesis import given, strategies as st
 from support.fuzz_support import ACCEPTED_ID_LAYOUTS, ACCEPTED_TOKEN_LAYOUTS, ID_LAYOUTS, fuzz_settings, in_layout
 from support.serving import CONFIGS, Serving, config
 from ukv_torch import KvManager, staged_tables_shape
+from ukv_torch.prefix_hashing import salt_arg
 
 UNKNOWN_IDS = [-1, 10**6, 2**63 - 1, -(2**63)]
+# Valid salts: the torch class takes each as int64 (salt_arg); bad ones are
+# test_kv_manager's (test_a_bad_salt_is_refused_naming_it).
+SALTS = [None, 0, 7, 2**63, 2**64 - 1, b"tenant-b"]
 
 
 def serving(config, seed, steps):
@@ -146,8 +150,8 @@ class Draw:
 # Per method: the argument kinds, and what a refusal must mention.
 STATE_WORDS = r"No free|decoding|max_blocks_per_seq|max_num_seqs|twice|already allocated|unknown sequence"
 METHODS = {
-    "can_allocate": ("T", r"tokens|token"),
-    "allocate": ("iT", r"tokens|token|sequence"),
+    "can_allocate": ("Ts", r"tokens|token"),
+    "allocate": ("iTs", r"tokens|token|sequence"),
     "ensure_for_tokens": ("IC", r"seq_ids|counts|sequence|same length|chunk"),
     "commit_prefill": ("ICS", r"seq_ids|counts|sampled|sequence|same length"),
     "can_append": ("IW", r"seq_ids|num_new_tokens|sequence"),
@@ -198,6 +202,8 @@ def draw_call(draw, name):
             values.append(draw.fresh_id() if name == "allocate" else draw.seq_id())
         elif kind == "W":
             values.append(draw.widths(values[0]))
+        elif kind == "s":
+            values.append(draw.pick(st.sampled_from(SALTS), "salt"))
         elif kind == "t":
             values.append(draw.pick(st.sampled_from([-1, 0, 1, 2, 2**63 - 1]), "type"))
         else:  # "r": staging rows
@@ -213,14 +219,18 @@ def draw_call(draw, name):
 
 
 def torch_arguments(name, values, layout):
-    """The call's tensor arguments (ids, counts, tokens) in `layout`, int64 based."""
-    return [in_layout(v, layout) if kind in "ICSDTW" else v for kind, v in zip(METHODS[name][0], values)]
+    """The call's tensor arguments (ids, counts, tokens) in `layout`, int64 based, and its salt as int64."""
+    return [in_layout(v, layout) if kind in "ICSDTW" else salt_arg(v) if kind == "s" else v
+            for kind, v in zip(METHODS[name][0], values)]
 
 
 def make_call(run, name, values, layout):
-    if layout == "list":
+    if layout == "list":  # the wrapper takes the salt by keyword
         target = run.cpp if hasattr(run.cpp, name) else run.cpp.torch_object
-        return lambda: getattr(target, name)(*values)
+        kinds = METHODS[name][0]
+        args = [v for kind, v in zip(kinds, values) if kind != "s"]
+        salt = {"salt": v for kind, v in zip(kinds, values) if kind == "s"}
+        return lambda: getattr(target, name)(*args, **salt)
     args = torch_arguments(name, values, layout)
     return lambda: getattr(run.cpp.torch_object, name)(*args)
 

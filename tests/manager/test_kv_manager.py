@@ -14,13 +14,18 @@ import torch
 
 import ukv_torch
 from support.manager_steps import BS, decode, options, pair, prefill, state, tokens
-from ukv_torch import KvManager
+from ukv_torch import KvEventKind, KvManager, KvRole
 
 
 def manager(unified=True, **overrides):
     opts = dict(num_logical_blocks=32, num_swa_blocks=16, unified=unified, max_num_seqs=8, max_blocks_per_seq=16)
     opts.update(overrides)
     return KvManager(**opts)
+
+
+def compress_kinds(events):
+    """The kinds of the compress blocks' events."""
+    return [e.kind for e in events if e.role == KvRole.COMPRESS]
 
 
 def tightest_swa_pool(unified, request, **overrides):
@@ -216,7 +221,6 @@ def test_fresh_blocks_bind_own_room_first_and_cached_ones_stand_in_for_the_rest(
 
 
 def test_a_fresh_request_takes_the_coldest_cached_bindings_when_compress_is_full():
-    from ukv_torch.testing.kv_manager_model import as_int64
     m, a_phys, h = cached_prompt_beside_free_blocks()
     # 5 blocks and an SWA quota of 4: 9 of the 10 physical blocks. The longest-
     # free blocks 4..8 have no binding and the own region is full, so every
@@ -226,7 +230,8 @@ def test_a_fresh_request_takes_the_coldest_cached_bindings_when_compress_is_full
     assert m.logical_table(2).tolist() == [4, 3, 2, 1, 0]
     assert m.phys_table(2, 0).tolist()[1:] == a_phys[::-1]  # re-used in place
     assert m.stats()["compress_evictions"] == 4
-    assert sorted(m.take_events()) == sorted((1, as_int64(h[i]), 0, False) for i in range(4))
+    removed = [e.block_hash for e in m.take_events() if (e.kind, e.role) == (KvEventKind.REMOVED, KvRole.COMPRESS)]
+    assert sorted(removed) == sorted(h)
     # Past what evicting every cached block gives, the answer is no and nothing changes.
     assert m.can_allocate(tokens(2 * BS, 3)) == KvManager.NOT_NOW  # 2 compress + 2 SWA, 1 block left
     assert m.allocate(3, tokens(2 * BS, 3)) == KvManager.NOT_NOW
@@ -292,7 +297,7 @@ def test_h7_a_partly_written_trailing_window_is_neither_published_nor_hit():
     assert m.can_allocate(t + [5]) == 0
     m.allocate(2, t)
     prefill(m, 2, t, chunk=BS)
-    assert [kind for kind, *_ in m.take_events()] == [0, 0]
+    assert compress_kinds(m.take_events()) == [KvEventKind.STORED] * 2
     m.deallocate([2])
     assert m.can_allocate(t + [5]) == 2 * BS
 
@@ -322,7 +327,7 @@ def test_ho_stale_window_hit_refused():
     m = tightest_swa_pool(True, t)
     m.allocate(1, t)
     prefill(m, 1, t)
-    assert [kind for kind, *_ in m.take_events()] == [0] * 4
+    assert compress_kinds(m.take_events()) == [KvEventKind.STORED] * 4
     m.deallocate([1])
     assert m.can_allocate(t) == 0
     m.allocate(2, t)
@@ -509,7 +514,7 @@ def test_pickle_round_trip_continues_identically(unified, copy_with):
 
 # ------------------------------------------------------------- events, stats --
 def test_kv_events_chain_parents_and_report_removal_and_clearing():
-    from ukv_torch.testing.kv_manager_model import as_int64, block_hash
+    from ukv_torch.testing.kv_manager_model import block_hash
     m = manager(True, num_logical_blocks=4, num_swa_blocks=8)
     t = tokens(3 * BS, 1)
     m.allocate(1, t + [5])
@@ -517,13 +522,24 @@ def test_kv_events_chain_parents_and_report_removal_and_clearing():
     h = []
     for i in range(3):
         h.append(block_hash(t[i * BS:(i + 1) * BS], h[-1] if h else None))
-    assert m.take_events() == [(0, as_int64(h[0]), 0, False), (0, as_int64(h[1]), as_int64(h[0]), True),
-                               (0, as_int64(h[2]), as_int64(h[1]), True)]
+    assert ukv_torch.block_hashes(t + [5], BS) == h  # what a router computes from the tokens
+    events = m.take_events()
+    assert [e.seq_no for e in events] == list(range(len(events)))
+    compress = [e for e in events if e.role == KvRole.COMPRESS]
+    assert [tuple(e) for e in compress] == [
+        (KvEventKind.STORED, e.seq_no, KvRole.COMPRESS, h[i], h[i - 1] if i else None, tuple(t[i * BS:(i + 1) * BS]),
+         BS, None) for i, e in enumerate(compress)]
+    # An SWA page (one per block here) is keyed by its block's hash and names it as its parent.
+    for e in events:
+        if e.role == KvRole.SWA:
+            i = h.index(e.parent_hash)
+            assert (e.kind, e.block_hash, e.token_ids) == (KvEventKind.STORED, h[i], tuple(t[i * BS:(i + 1) * BS]))
     m.deallocate([1])  # blocks freed last-first: the free list is [3, 2, 1, 0]
     m.allocate(2, tokens(2 * BS, 2))  # a miss pops blocks 3 and 2: block 2's hash is evicted
-    assert m.take_events() == [(1, as_int64(h[2]), 0, False)]
+    events = m.take_events()
+    assert [(e.kind, e.block_hash) for e in events if e.role == KvRole.COMPRESS] == [(KvEventKind.REMOVED, h[2])]
     m.clear_cache()
-    assert m.take_events() == [(2, 0, 0, False)]
+    assert m.take_events() == [(KvEventKind.ALL_CLEARED, events[-1].seq_no + 1, None, None, None, None, None, None)]
     m.deallocate([2])
     assert m.can_allocate(t + [5]) == 0  # block 0 is cached no more
 

@@ -22,7 +22,7 @@ state (support.row_space_sync.follow_evictions) before the comparison.
 import ukv_torch
 from support.row_space_sync import follow_evictions
 from support.serving import Serving
-from ukv_torch.testing.kv_manager_model import NEVER_FITS, NOT_NOW
+from ukv_torch.testing.kv_manager_model import NEVER_FITS, NOT_NOW, salt_value
 
 
 class RowSpaceMemory:
@@ -185,7 +185,7 @@ class RowSpaceServing(Serving):
             assert 0 <= owner < limit, (kind, owner)
 
     # ---------------------------------------------------------- the engine --
-    def before_admission(self, tokens):
+    def before_admission(self, tokens, salt):
         """E * (the live blocks' envelopes, bound or reserved, + the request's
         fresh blocks + its free hits) + U * max(reserved pages + its quota,
         held SWA pages) <= R, from the model's tables and hit; NEVER_FITS when
@@ -196,7 +196,7 @@ class RowSpaceServing(Serving):
         E, U, R = pools.envelope_rows, pools.swa_unit_rows, pools.total_rows
         want = NOT_NOW
         if len(model.seqs) < self.cfg["max_num_seqs"]:
-            hits = model._admission(list(tokens))["hit_ids"]
+            hits = model._admission(list(tokens), salt_value(salt))["hit_ids"]
             free_hits = sum(1 for b in hits if model.ref[b] == 0)
             live_blocks = len({b for s in model.seqs.values() for b in s.logical})
             envelopes = live_blocks + nb - len(hits) + free_hits
@@ -206,7 +206,7 @@ class RowSpaceServing(Serving):
         pages = quota + model._checkpoint_reserve()
         if want == NOT_NOW and (nb > pools.num_logical_blocks or nb * E + pages * U > R):
             want = NEVER_FITS
-        assert self.cpp.can_allocate(tokens) == want
+        assert self.cpp.can_allocate(tokens, salt=salt) == want
 
     def check_ownership(self):
         self.placed()

@@ -9,6 +9,7 @@ model's from it, so the model predicts the next calls from where the
 manager is.
 """
 from ukv_torch.records import PoolSizes, ServeConfig, _read_fields
+from ukv_torch.testing.kv_events_model import REMOVED, STORED
 from ukv_torch.testing.kv_manager_model import _Seq
 from ukv_torch.testing.slot_pools_model import OrderedIds
 
@@ -75,7 +76,24 @@ def read_sequence(r, ppb):
     s.logical = list(r.vec())
     s.swa = list(r.take(len(s.logical) * ppb))
     s.hashes = [h & _U64 for h in r.vec()]
+    s.salt = r.next() & _U64
     return sid, s
+
+
+def read_events(r):
+    """The pending events, as the model's event log holds them."""
+    raw = [r.take(9) for _ in range(r.next())]
+    tokens = r.vec()
+    events = []
+    for kind, role, seq_no, h, parent, has_parent, salt, begin, n in raw:
+        if kind == STORED:
+            events.append((kind, seq_no, role, h & _U64, parent & _U64 if has_parent else None,
+                           tuple(tokens[begin:begin + n]), n, (salt & _U64) or None))
+        elif kind == REMOVED:
+            events.append((kind, seq_no, role, h & _U64, None, None, None, None))
+        else:
+            events.append((kind, seq_no, None, None, None, None, None, None))
+    return events
 
 
 def set_kind(kind, bound, cached, evictions, unbound_free):
@@ -110,8 +128,8 @@ def adopt(model, state):
         s.phys = [list(s.logical) for _ in range(model.num_types)]
     model.swa_reserved = sum(s.swa_quota + s.extra_pages for s in model.seqs.values()) + model._checkpoint_reserve()
     model.rows.reserved = sum(1 for s in model.seqs.values() for b in s.logical if b not in env_bound)
-    model.events = [(kind, h, parent, bool(has_parent)) for kind, h, parent, has_parent in
-                    (r.take(4) for _ in range(r.next()))]
+    model.events.next_seq_no = r.next()
+    model.events.events = read_events(r)
     model.stat = dict(zip(STAT_ORDER, r.take(len(STAT_ORDER))))
     assert r.pos == len(state), "the manager's state has more than adopt() reads"
     assert pools.total_rows == model.rows.total_rows

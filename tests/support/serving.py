@@ -1,7 +1,10 @@
 """The model-based serving engine of the KV manager tests: Serving drives
 ukv_torch.KvManager and the pure-Python KvManagerModel
 (ukv_torch.testing.kv_manager_model) through one engine run and checks after
-every call; DeviceMemory simulates what each KV row holds; CONFIGS are the
+every call, and replays the manager's KV events into a router's cache index
+(support.kv_event_index) that must predict every admission's cached prefix;
+requests carry cache salts, so prompts repeat across tenants, whose caches
+never share a block; DeviceMemory simulates what each KV row holds; CONFIGS are the
 slot-layout configurations the runs cover (the row space's are in
 support.row_space_serving)."""
 import collections
@@ -9,14 +12,19 @@ import random
 
 import ukv_torch
 from ukv_torch.testing.allocator_model import ceil_div
+from support.kv_event_index import index_for
 from ukv_torch.testing.kv_manager_model import NEVER_FITS, PLACEMENT_STATS, KvManagerModel
 
+# Cache salts of the requests: unsalted ones, an int tenant and a bytes one.
+SALTS = [None, None, 7, b"tenant-b"]
 
-def prefix_keys(tokens, upto, keys):
-    """keys[p] identifies tokens[0..p]; extends keys to cover positions < upto."""
+
+def prefix_keys(tokens, upto, keys, salt=None):
+    """keys[p] identifies tokens[0..p] under the salt (another tenant's or
+    adapter's KV of the same tokens differs); extends keys to cover positions < upto."""
     while len(keys) < upto:
         p = len(keys)
-        keys.append(hash((keys[-1] if keys else None, tokens[p])))
+        keys.append(hash((keys[-1] if keys else ("salt", salt), tokens[p])))
     return keys
 
 
@@ -73,6 +81,7 @@ class Serving:
         self.window = cfg.get("window", 128)
         self.mtp_k = cfg.get("mtp_k", 0)
         self.mem = self.make_memory()
+        self.index = index_for(self.cpp)
         self.seqs = {}              # seq id -> dict(tokens, keys, target)
         self.waiting = collections.deque()
         self.finished_tokens = []   # for repeats and multi-turn follow-ups
@@ -94,16 +103,18 @@ class Serving:
     def fresh(self, n):
         return [self.rng.randrange(1, 1 << 20) for _ in range(n)]
 
-    def both(self, name, *args):
+    def both(self, name, *args, **kwargs):
         """The same call on both managers; results, stats and events must agree."""
         self.calls += 1
-        got = getattr(self.cpp, name)(*args)
-        want = getattr(self.model, name)(*args)
+        got = getattr(self.cpp, name)(*args, **kwargs)
+        want = getattr(self.model, name)(*args, **kwargs)
         assert got == want, f"{name}{args[:1]}: C++ {got} != model {want}"
         self.cpp.check_invariants()
         self.sync_model()
         assert self.cpp_stats() == self.model.stats(), name
-        assert self.cpp.take_events() == self.model.take_events(), name
+        events = self.cpp.take_events()
+        assert events == self.model.take_events(), name
+        self.index.apply(events)
         return got
 
     def sync_model(self):
@@ -137,7 +148,7 @@ class Serving:
     # ------------------------------------------------- simulated forwards --
     def keys(self, sid, upto):
         s = self.seqs[sid]
-        return prefix_keys(s["tokens"], upto, s["keys"])
+        return prefix_keys(s["tokens"], upto, s["keys"], s["salt"])
 
     def check_reads(self, sid, start):
         """A forward starting at `start` reads the SWA rows of (start - window, start)
@@ -221,17 +232,19 @@ class Serving:
             tokens = self.fresh(self.rng.randrange(1, bs))
         limit = self.cfg["max_blocks_per_seq"] * bs // 2
         gen = self.rng.randrange(1, bs // 4) if self.rng.random() < 0.7 else self.rng.randrange(bs, 2 * bs)
-        return tokens[:limit], gen
+        return tokens[:limit], gen, self.rng.choice(SALTS)
 
     def admit(self):
         """Admit from the head of the queue until a refusal: the live limit
         (max_num_seqs) is the manager's to enforce; a request that never fits
         is dropped, as an engine rejects it."""
         while self.waiting:
-            tokens, gen = self.waiting[0]
-            self.before_admission(tokens)
-            hit = self.both("can_allocate", tokens)
-            cached = self.both("allocate", self.next_id, tokens)
+            tokens, gen, salt = self.waiting[0]
+            self.before_admission(tokens, salt)
+            hit = self.both("can_allocate", tokens, salt=salt)
+            if hit >= 0:  # the router's index knows what the cache holds for this tenant
+                assert self.index.predict(tokens, salt) == hit, "the replayed KV events mispredict the hit"
+            cached = self.both("allocate", self.next_id, tokens, salt=salt)
             assert cached == hit, "can_allocate and allocate disagree"
             if cached == NEVER_FITS:
                 self.waiting.popleft()
@@ -241,13 +254,13 @@ class Serving:
                 return
             self.waiting.popleft()
             sid, self.next_id = self.next_id, self.next_id + 1
-            self.seqs[sid] = dict(tokens=list(tokens), keys=[], target=len(tokens) + gen, written=set())
+            self.seqs[sid] = dict(tokens=list(tokens), keys=[], target=len(tokens) + gen, written=set(), salt=salt)
             self.placed()
             self.compare_tables(sid)
             self.claim_hit_tail(sid, cached)
             self.check_reads(sid, cached)  # a hit reads exactly the rows its content was written to
 
-    def before_admission(self, tokens):
+    def before_admission(self, tokens, salt):
         """Called before each admission (the row space checks its formula here)."""
 
     def claim_hit_tail(self, sid, cached):
@@ -334,8 +347,8 @@ class Serving:
 
     def preempt(self, victims):
         self.preemptions += len(victims)
-        for sid in victims:  # resumes later from its known tokens (prompt + generated)
-            self.waiting.appendleft((list(self.seqs[sid]["tokens"]), 1))
+        for sid in victims:  # resumes later from its known tokens (prompt + generated), under its salt
+            self.waiting.appendleft((list(self.seqs[sid]["tokens"]), 1, self.seqs[sid]["salt"]))
         self.release(victims)
 
     def finish(self, done):

@@ -9,7 +9,10 @@ the C++ computes them:
 
 - Logical blocks: ref counts, a FIFO free list (the longest-freed block is
   reused first), chained xxh64 block hashes with a token-equality check, lazy
-  eviction (a freed block keeps its hash until it is reused), KV events.
+  eviction (a freed block keeps its hash until it is reused), KV events
+  (kv_events_model) for every change of the compress and SWA caches.
+- A request's salt (an int, or bytes standing for their BLAKE2b-64 value)
+  seeds block 0's xxh64, so only requests with the same salt share blocks.
 - Layouts: the static split (logical == physical compress ids, a private SWA
   pool), the unified slot layouts (compress_bindings_model, slot_pools_model)
   and the row space (row_space_model: envelopes and SWA units counted in
@@ -34,6 +37,7 @@ tests compare it with the C++ on valid calls only.
 """
 from __future__ import annotations
 
+import hashlib
 import struct
 from typing import Dict, List, Optional, Sequence
 
@@ -41,28 +45,34 @@ from .allocator_model import ceil_div
 from .compress_bindings_model import CompressBindings
 from .row_space_model import RowSpaceCounts, RowSpaceSwaSource
 from .slot_pools_model import OrderedIds, SharedSwaSpace, SlotPool
+from .kv_events_model import ALL_CLEARED, COMPRESS, REMOVED, STORED, EventLog
 from .swa_pages_model import SwaPool, page_hash
 
-STORED, REMOVED, ALL_CLEARED = 0, 1, 2
 NOT_NOW, NEVER_FITS = -1, -2
 # Stats of the row space that depend on where units lie (moves), not modelled.
 PLACEMENT_STATS = ("envelope_moves", "swa_unit_moves", "moved_rows")
 
-__all__ = ["KvManagerModel", "block_hash", "as_int64", "STORED", "REMOVED", "ALL_CLEARED", "NOT_NOW",
+__all__ = ["KvManagerModel", "block_hash", "salt_value", "STORED", "REMOVED", "ALL_CLEARED", "NOT_NOW",
            "NEVER_FITS", "PLACEMENT_STATS"]
 
 
-def block_hash(tokens: Sequence[int], parent: Optional[int]) -> int:
-    """h_i = xxh64(parent as 8-byte LE (absent for block 0) + tokens as int64 LE)."""
+def block_hash(tokens: Sequence[int], parent: Optional[int], salt: int = 0) -> int:
+    """h_i = xxh64(parent as 8-byte LE (absent for block 0) + tokens as int64 LE),
+    block 0's seeded with the salt."""
     import xxhash
 
     data = b"" if parent is None else struct.pack("<Q", parent)
-    return xxhash.xxh64_intdigest(data + struct.pack(f"<{len(tokens)}q", *tokens))
+    return xxhash.xxh64_intdigest(data + struct.pack(f"<{len(tokens)}q", *tokens),
+                                  seed=salt if parent is None else 0)
 
 
-def as_int64(u: int) -> int:
-    """A uint64 hash as the int64 the torch class returns."""
-    return u - (1 << 64) if u >= 1 << 63 else u
+def salt_value(salt) -> int:
+    """None: 0 (no salt); an int: itself; bytes: their 8-byte BLAKE2b digest, little-endian."""
+    if salt is None:
+        return 0
+    if isinstance(salt, (bytes, bytearray)):
+        return int.from_bytes(hashlib.blake2b(bytes(salt), digest_size=8).digest(), "little")
+    return salt
 
 
 def span(w: int, unit: int) -> int:
@@ -84,6 +94,7 @@ class _Seq:
         self.swa: List[int] = []  # one entry per page
         self.phys: List[List[int]] = [[] for _ in range(num_types)]
         self.hashes: List[int] = []
+        self.salt = 0
         self.swa_written_lo = 0   # SWA rows of positions [lo, num_computed) are written
         self.swa_freed_upto = 0   # pages below are window-freed
         self.swa_quota = 0
@@ -131,8 +142,8 @@ class KvManagerModel(CompressBindings):
         self.binding = [[-1] * NB for _ in range(self.num_types)] if self.unified else []
         self.free = OrderedIds(range(NB))
         self.by_hash: Dict[int, int] = {}
-        self.events: list = []
-        self.swa = SwaPool(num_swa_blocks, capacity) if window > 0 else None
+        self.events = EventLog()
+        self.swa = SwaPool(num_swa_blocks, capacity, self.events) if window > 0 else None
         self.space = self.rows = None
         self.type_slots = type_slots
         self.borrow_unreleased = self.layout == "elastic"
@@ -200,7 +211,7 @@ class KvManagerModel(CompressBindings):
         h = self.hash[b]
         if h is not None and self.by_hash.get(h) == b:
             del self.by_hash[h]
-            self.events.append((REMOVED, as_int64(h), 0, False))
+            self.events.removed(COMPRESS, h)
         self.hash[b] = None
 
     def _take_block(self, b):
@@ -289,7 +300,7 @@ class KvManagerModel(CompressBindings):
                 return end
         return 0
 
-    def _admission(self, tokens):
+    def _admission(self, tokens, salt):
         bs, n = self.bs, len(tokens)
         nb = self._blocks_for(n)
         assert 0 < n and nb <= self.max_blocks_per_seq
@@ -300,7 +311,7 @@ class KvManagerModel(CompressBindings):
         if self.prefix_caching:
             for i in range(min(nb - 1, n // bs)):  # the last block is never a hit
                 toks = tokens[i * bs:(i + 1) * bs]
-                h = block_hash(toks, hashes[-1] if hashes else None)
+                h = block_hash(toks, hashes[-1] if hashes else None, salt)
                 b = self._lookup(h, toks)
                 if b < 0:
                     break
@@ -338,8 +349,8 @@ class KvManagerModel(CompressBindings):
         pages = self._quota_for(nb, False) + self._checkpoint_reserve()
         return NOT_NOW if self._fits_empty_pools(nb, pages) else NEVER_FITS
 
-    def can_allocate(self, tokens) -> int:
-        a = self._admission(list(tokens))
+    def can_allocate(self, tokens, salt=None) -> int:
+        a = self._admission(list(tokens), salt_value(salt))
         return a["cached"] * self.bs if a["ok"] else self._refusal(a["nb"])
 
     def _push(self, s, b):
@@ -348,10 +359,10 @@ class KvManagerModel(CompressBindings):
         for t in range(self.num_types):
             s.phys[t].append(self.binding[t][b] if self.unified else b)
 
-    def allocate(self, seq_id, tokens) -> int:
+    def allocate(self, seq_id, tokens, salt=None) -> int:
         tokens = list(tokens)
         assert seq_id >= 0 and seq_id not in self.seqs
-        a = self._admission(tokens)
+        a = self._admission(tokens, salt_value(salt))
         if not a["ok"]:
             self.stat["admission_refusals"] += 1
             return self._refusal(a["nb"])
@@ -377,6 +388,7 @@ class KvManagerModel(CompressBindings):
         for b in popped:
             self._push(s, b)
         s.hashes = list(a["hashes"])
+        s.salt = salt_value(salt)
         s.num_computed = hits * self.bs
         s.swa_written_lo = first_hit_page * self.page
         s.swa_freed_upto = first_hit_page
@@ -463,17 +475,18 @@ class KvManagerModel(CompressBindings):
         for i in range(len(s.hashes), self._hittable_blocks(s)):
             toks = s.tokens[i * bs:(i + 1) * bs]
             parent = s.hashes[-1] if s.hashes else None
-            h = block_hash(toks, parent)
+            h = block_hash(toks, parent, s.salt)
             b = s.logical[i]
             self.hash[b], self.block_tokens[b] = h, tuple(toks)
             self.by_hash[h] = b
-            self.events.append((STORED, as_int64(h), 0 if parent is None else as_int64(parent), parent is not None))
+            self.events.stored(COMPRESS, h, parent, toks, s.salt)
             s.hashes.append(h)
             for j in range(i * self.ppb, (i + 1) * self.ppb if self.swa else 0):
                 page = s.swa[j]
                 if page < 0 or j * self.page < s.swa_written_lo:  # only fully written pages may serve a hit
                     continue
-                self.swa.publish(page, page_hash(h, j, self.ppb), s.tokens[j * self.page:(j + 1) * self.page])
+                self.swa.publish(page, page_hash(h, j, self.ppb), s.tokens[j * self.page:(j + 1) * self.page], h,
+                                 s.salt)
                 if self.swa.checkpoint_capacity > 0 and self._is_checkpoint(s, i):
                     self.swa.pin(page)
 
@@ -600,11 +613,11 @@ class KvManagerModel(CompressBindings):
         for b, r in enumerate(self.ref):
             if r == 0:
                 self.hash[b] = None
-        self.events.append((ALL_CLEARED, 0, 0, False))
         if self.swa:
             self.swa.clear_cache()
         while self.rows and len(self.rows.env.cached):  # cached envelopes keep nothing a hit could use
             self.rows.env.evict(self.rows.env.cached.front())
+        self.events.all_cleared()
 
     # ---------------------------------------------------------- inspection --
     def logical_table(self, sid):
@@ -624,8 +637,7 @@ class KvManagerModel(CompressBindings):
         return len(self.seqs[sid].tokens)
 
     def take_events(self):
-        out, self.events = self.events, []
-        return out
+        return self.events.take()
 
     def stats(self) -> Dict[str, int]:
         """The manager's stats but for PLACEMENT_STATS (the row space's moves)."""

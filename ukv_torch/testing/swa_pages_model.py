@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
+from .kv_events_model import SWA, EventLog
 from .slot_pools_model import OrderedIds
 
 _MASK = (1 << 64) - 1
@@ -31,7 +32,8 @@ class SwaPool:
     """Content-addressed SWA pages; a page's id is its source's slot (or, in
     the row space, the page's own id). Hash kept after release (lazy)."""
 
-    def __init__(self, num_pages: int, checkpoint_capacity: int):
+    def __init__(self, num_pages: int, checkpoint_capacity: int, events: EventLog):
+        self.events = events  # the manager's: cache changes are recorded with role SWA
         self.ref = [0] * num_pages
         self.hash: List[Optional[int]] = [None] * num_pages
         self.tokens: List[Optional[tuple]] = [None] * num_pages
@@ -53,6 +55,7 @@ class SwaPool:
     def forget(self, i):
         if self.hash[i] is not None and self.by_hash.get(self.hash[i]) == i:
             del self.by_hash[self.hash[i]]
+            self.events.removed(SWA, self.hash[i])
         self.hash[i] = None
 
     def alloc(self):
@@ -77,9 +80,11 @@ class SwaPool:
         if self.ref[i] == 0:
             self.source.free_swa(i)
 
-    def publish(self, i, h, toks):
+    def publish(self, i, h, toks, block_h, salt):
+        """Page i holds toks under key h; block_h is the hash of its block."""
         self.hash[i], self.tokens[i] = h, tuple(toks)
         self.by_hash[h] = i
+        self.events.stored(SWA, h, block_h, toks, salt)
 
     def pin(self, i):
         if i in self.lru:
