@@ -288,6 +288,8 @@ def main():
         names = sorted(SCENARIOS) if args.scenario == "all" else [args.scenario]
         if args.from_json:
             results = combined([json.loads(line) for path in args.from_json for line in open(path) if line.strip()])
+            for r in results:  # the layouts in their usual order, however they were run
+                r["layouts"] = {name: r["layouts"][name] for name in LAYOUTS if name in r["layouts"]}
         else:
             seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
             results = [run_scenario(name, layouts, seeds, sys.stderr) for name in names]
