@@ -169,7 +169,8 @@ TORCH_LIBRARY(ukv, m) {
        {ukv::ops::CsaTranslatePack::schema(), ukv::ops::PagedDecodeIndices::schema(),
         ukv::ops::HcaDecodeIndices::schema(), ukv::ops::PagedPrefillIndices::schema(),
         ukv::ops::DecodeIndexMetadata::schema(), ukv::ops::PrefillIndexMetadata::schema(),
-        ukv::ops::SwaSlotMapping::schema(), ukv::ops::ApplyRowCopies::schema()})
+        ukv::ops::SwaSlotMapping::schema(), ukv::ops::ApplyRowCopies::schema(),
+        ukv::ops::GatherRows::schema(), ukv::ops::ScatterRows::schema()})
     m.def(schema.c_str());
   m.def("bind_compress_view(Tensor(a) unified_kv, *, int compress_base, int compress_ratio, int block_size, "
         "int? block_stride=None) -> Tensor(a)");
