@@ -119,6 +119,8 @@ TORCH_LIBRARY(ukv, m) {
       .def("logical_table", &KvManagerHolder::logical_table)
       .def("swa_table", &KvManagerHolder::swa_table)
       .def("phys_table", &KvManagerHolder::phys_table)
+      .def("describe_sequence", &KvManagerHolder::describe_sequence)
+      .def("import_sequence", &KvManagerHolder::import_sequence)
       .def("stage", &KvManagerHolder::stage)
       .def("upload", &KvManagerHolder::upload)
       .def("mark_uploaded", &KvManagerHolder::mark_uploaded)
