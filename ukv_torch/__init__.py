@@ -34,6 +34,7 @@ from .ops import (  # noqa: E402
 )
 from .planning import MODEL_PRESETS, plan_kv_layout  # noqa: E402
 from .records import KvPlan, ModelKvSpec, PoolSizes, ServeConfig  # noqa: E402
+from .transfer import SequenceExport, gather_sequence, scatter_sequence, transfer_bytes  # noqa: E402
 from .unified_kv import UnifiedKv, allocate_unified_kv  # noqa: E402
 
 __version__ = "0.1.0"
@@ -47,6 +48,7 @@ __all__ = [
     "ModelKvSpec",
     "OutOfSlots",
     "PoolSizes",
+    "SequenceExport",
     "ServeConfig",
     "UnifiedKv",
     "UnifiedKvCoordinator",
@@ -57,16 +59,19 @@ __all__ = [
     "csa_translate_pack",
     "decode_index_metadata",
     "gather_rows",
+    "gather_sequence",
     "hca_decode_indices",
     "paged_decode_indices",
     "paged_prefill_indices",
     "plan_kv_layout",
     "prefill_index_metadata",
     "scatter_rows",
+    "scatter_sequence",
     "slot_counts",
     "staged_tables_shape",
     "swa_slot_mapping",
     "table_index",
+    "transfer_bytes",
     "unified_slot_counts",
     "__version__",
 ]
