@@ -250,7 +250,7 @@ class Engine:
     def send(self, r: Request) -> Tuple[SequenceExport, torch.Tensor]:
         """Between steps: the request's description and its KV rows in one buffer; it leaves this engine."""
         export = self.mgr.describe_sequence(r.rid)
-        buffer = torch.empty(transfer_bytes(self.plan, self.kv, export.num_computed), dtype=torch.uint8,
+        buffer = torch.empty(transfer_bytes(self.plan, self.kv, export), dtype=torch.uint8,
                              device=self.device)
         gather_sequence(self.plan, self.kv, export, buffer)
         self.mgr.deallocate(r.rid)  # after the gather is enqueued: its rows may be reused from now on

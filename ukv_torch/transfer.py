@@ -111,11 +111,11 @@ def _layers(plan: KvPlan, kv: UnifiedKv, num_computed: int, swa_begin: int) -> L
     return layers
 
 
-def transfer_bytes(plan: KvPlan, kv: UnifiedKv, num_computed: int) -> int:
-    """The size in bytes of the transfer buffer of a sequence with ``num_computed``
-    computed positions, for the KV tensors ``kv`` of ``plan``."""
-    swa_begin = max(0, num_computed - plan.config.window + 1)
-    return sum(layer.nbytes for layer in _layers(plan, kv, num_computed, swa_begin))
+def transfer_bytes(plan: KvPlan, kv: UnifiedKv, export: SequenceExport) -> int:
+    """The size in bytes of an exported sequence's transfer buffer, for the KV
+    tensors ``kv`` of ``plan`` (the same on both sides for the same model)."""
+    _check_same_model(export, plan)
+    return sum(layer.nbytes for layer in _layers(plan, kv, export.num_computed, export.swa_begin))
 
 
 class _Runs:

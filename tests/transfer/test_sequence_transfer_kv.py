@@ -56,7 +56,7 @@ def move(a, b, seq_id=1, n=700):
         raw(t).random_(0, 256, generator=torch.Generator().manual_seed(t.numel()))
     prefilled(a, seq_id, n)
     export = a.mgr.describe_sequence(seq_id)
-    buffer = torch.empty(ukv_torch.transfer_bytes(a.plan, a.kv, export.num_computed), dtype=torch.uint8)
+    buffer = torch.empty(ukv_torch.transfer_bytes(a.plan, a.kv, export), dtype=torch.uint8)
     ukv_torch.gather_sequence(a.plan, a.kv, export, buffer)
     assert b.mgr.import_sequence(9, export) == 0
     b.mgr.stage([9])
@@ -95,7 +95,7 @@ def test_bad_buffers_and_other_models_are_refused():
     a, b = Pool("row_space"), Pool("elastic")
     prefilled(a, 1, 300)
     export = a.mgr.describe_sequence(1)
-    nbytes = ukv_torch.transfer_bytes(a.plan, a.kv, 300)
+    nbytes = ukv_torch.transfer_bytes(a.plan, a.kv, export)
     good = torch.zeros(nbytes, dtype=torch.uint8)
     for bad in (torch.zeros(nbytes - 1, dtype=torch.uint8), torch.zeros(nbytes, dtype=torch.int8),
                 torch.zeros(1, nbytes, dtype=torch.uint8)):
