@@ -2,7 +2,8 @@
 dtype, strided rows) to and from one byte buffer, against a reference; the
 run count read from a tensor; runs outside a tensor or the buffer skipped;
 every argument checked by name with nothing written; opcheck and
-torch.compile; on a GPU, the same bytes as the CPU and graph capture."""
+torch.compile; on a GPU, the same bytes with no allocation, graph replays
+reading new runs and counts, and torch.compile with reduce-overhead."""
 import random
 
 import pytest
@@ -218,22 +219,91 @@ def test_gather_and_scatter_compiled(backend):
 
 
 # --------------------------------------------------------------------------- GPU --
+def on_gpu(tensors):
+    """The tensors on the GPU, the strided one keeping its row stride."""
+    return [t.cuda() if t.is_contiguous() else
+            torch.zeros(t.shape[0], 20, dtype=t.dtype, device="cuda")[:, :12].copy_(t) for t in tensors]
+
+
+MAX_RUNS = 256
+
+
+def padded_runs(seed, tensors):
+    """Random runs padded to MAX_RUNS rows (the padding lies past the count)."""
+    runs, nbytes = random_runs(random.Random(seed), tensors, 120)
+    return runs, runs + [[0, 0, 0, 0]] * (MAX_RUNS - len(runs)), nbytes
+
+
 @pytest.mark.gpu
-def test_gpu_matches_cpu_and_captures():
-    rng = random.Random(5)
+def test_gpu_round_trip_matches_the_reference_and_allocates_nothing():
     tensors = make_tensors("cpu", rows=400)
-    runs, nbytes = random_runs(rng, tensors, 200)
-    expected = reference_gather(tensors, runs, len(runs), nbytes)
-    on_gpu = [t.cuda() if t.is_contiguous() else
-              torch.zeros(t.shape[0], 20, dtype=t.dtype, device="cuda")[:, :12].copy_(t) for t in tensors]
-    runs_t, count = run_tensors(runs, 0, "cuda")
-    buffer = torch.full((nbytes,), 7, dtype=torch.uint8, device="cuda")
+    for seed in range(4):
+        runs, nbytes = random_runs(random.Random(seed), tensors, 200)
+        sources = on_gpu(tensors)
+        buffer = torch.full((nbytes,), 7, dtype=torch.uint8, device="cuda")
+        runs_t, count = run_tensors(runs, len(runs), "cuda")
+        targets = [torch.zeros_like(t) for t in sources]
+        torch.cuda.synchronize()
+        allocated = torch.cuda.memory_allocated()
+        ukv_torch.gather_rows(sources, runs_t, count, buffer)
+        ukv_torch.scatter_rows(targets, runs_t, count, buffer)
+        assert torch.cuda.memory_allocated() == allocated
+        torch.cuda.synchronize()
+        assert torch.equal(buffer.cpu(), reference_gather(tensors, runs, len(runs), nbytes))
+        for i, t in enumerate(tensors):
+            for tensor, first, rows, _ in runs:
+                if tensor == i:
+                    assert torch.equal(targets[i][first: first + rows].cpu(), t[first: first + rows])
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replays_read_new_runs_and_counts():
+    """Captured once on static run buffers; each replay reads the runs and the count they hold then."""
+    tensors = make_tensors("cpu", rows=400)
+    sources = on_gpu(tensors)
+    _, first, nbytes = padded_runs(0, tensors)
+    runs_t = torch.tensor(first, dtype=torch.int64, device="cuda")
+    count = torch.zeros(1, dtype=torch.int32, device="cuda")
+    buffer = torch.zeros(4 * nbytes, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            ukv_torch.gather_rows(on_gpu, runs_t, count, buffer)
-    count.fill_(len(runs))  # the count is read at replay
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(buffer.cpu(), expected)
+        ukv_torch.gather_rows(sources, runs_t, count, buffer)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ukv_torch.gather_rows(sources, runs_t, count, buffer)
+    for seed in range(1, 6):
+        runs, padded, nbytes = padded_runs(seed, tensors)
+        runs_t.copy_(torch.tensor(padded, dtype=torch.int64))
+        count.fill_(len(runs))
+        buffer.fill_(7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(buffer.cpu(), reference_gather(tensors, runs, len(runs), buffer.numel())), seed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_gpu_compiled(mode):
+    def program(a, b, runs, count, buffer, c, d):
+        ukv_torch.gather_rows([a, b], runs, count, buffer)
+        ukv_torch.scatter_rows([c, d], runs, count, buffer)
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(program, fullgraph=True, mode=mode)
+    tensors = make_tensors("cpu", rows=400)[:2]
+    for seed in range(3):
+        runs, nbytes = random_runs(random.Random(seed), tensors, 100)
+        buffer = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+        targets = [torch.zeros_like(t, device="cuda") for t in tensors]
+        compiled(*on_gpu(tensors), *run_tensors(runs, len(runs), "cuda"), buffer, *targets)
+        torch.cuda.synchronize()
+        assert torch.equal(buffer.cpu(), reference_gather(tensors, runs, len(runs), nbytes, fill=0))
+        for i, t in enumerate(tensors):
+            for tensor, first, rows, _ in runs:
+                if tensor == i:
+                    assert torch.equal(targets[i][first: first + rows].cpu(), t[first: first + rows])
+    if mode == "reduce-overhead":
+        assert torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0) == 0
