@@ -23,7 +23,10 @@ stretch ("zero_ beside": its runs alternate with the op's).
 Bytes moved count 4 bytes per int32 read and written per output cell (a
 translated top-k cell: top-k read + table read + write = 12 B), so at large
 batches "% copy" compares the kernel with a plain device-to-device copy of the
-same bytes. Every case also checks that the op and the composite agree.
+same bytes. The row-transfer cases (gather_rows, scatter_rows) count the rows'
+bytes read and written, and are also timed beside a plain tensor copy of the
+same bytes (a second table). Every case also checks that the op and the
+composite agree.
 """
 import argparse
 import json
@@ -294,6 +297,8 @@ class Case:
     run_composite: Callable[[], None]
     outputs: Callable[[], List[torch.Tensor]]  # op results, then composite results, to compare
     result: Dict[str, float] = field(default_factory=dict)
+    # A plain tensor copy of the bytes the op moves (read + written = bytes_moved), timed beside it.
+    same_bytes_copy: Optional[Callable[[], None]] = None
 
 
 def csa_case(label, d, prefill):
@@ -423,6 +428,58 @@ def row_copies_case(label, rs: RowSpace, moves: int, device, gen):
                 lambda: composite_row_copies(ref, [(src, dst)]), lambda: (planes, ref))
 
 
+def transfer_case(label, scatter: bool, rs: RowSpace, ctx: int, device, gen):
+    """One CSA layer's rows of a ctx-token sequence (window - 1 SWA rows and 32 rows
+    per block, from scattered envelopes and SWA units) between the V4 planes (fp8
+    NoPE 448 B and bf16 RoPE 128 B per row) and a transfer buffer, as
+    gather_sequence / scatter_sequence run it per layer."""
+    blocks = ctx // BS
+    units = -(-(WINDOW - 1) // rs.unit_rows)
+    rows = (blocks + 1) * rs.envelope + (units + 1) * rs.unit_rows
+    planes = [torch.randint(0, 255, (rows, 448), generator=gen, device=device, dtype=torch.uint8),
+              torch.randn((rows, 64), generator=gen, device=device).to(torch.bfloat16)]
+    envelopes = torch.randperm(blocks, generator=gen, device=device) * rs.envelope
+    unit_rows = (blocks + 1) * rs.envelope + torch.randperm(units, generator=gen, device=device) * rs.unit_rows
+    first = torch.cat([unit_rows, envelopes])
+    count = torch.cat([torch.full((units,), rs.unit_rows, device=device),
+                       torch.full((blocks,), CSA_K, device=device)])
+    count[units - 1] = (WINDOW - 1) - (units - 1) * rs.unit_rows
+    runs, offset = [], 0
+    for index, plane in enumerate(planes):
+        row_bytes = plane.shape[1] * plane.element_size()
+        starts = offset + torch.cumsum(count, 0) * row_bytes - count * row_bytes
+        runs.append(torch.stack([torch.full_like(first, index), first, count, starts], 1))
+        offset += int(count.sum()) * row_bytes
+    runs = torch.cat(runs).to(torch.int64)
+    run_count = torch.tensor([runs.shape[0]], dtype=torch.int32, device=device)
+    lanes = torch.cat([torch.arange(int(c), device=device) + f for f, c in zip(first.tolist(), count.tolist())])
+    buffer = torch.randint(0, 255, (offset,), generator=gen, device=device, dtype=torch.uint8)
+    twin = buffer.clone()
+    ref_planes = [p.clone() for p in planes]
+    copy_src, copy_dst = torch.empty_like(buffer), torch.empty_like(buffer)
+
+    def composite():
+        """index_select / index_copy_ through the packed buffer's per-plane parts."""
+        at = 0
+        for plane, ref in zip(planes, ref_planes):
+            part = twin[at: at + lanes.numel() * plane.shape[1] * plane.element_size()]
+            rows_view = part.view(plane.dtype).view(lanes.numel(), plane.shape[1])
+            if scatter:
+                ref.index_copy_(0, lanes, rows_view)
+            else:
+                rows_view.copy_(plane.index_select(0, lanes))
+            at += part.numel()
+
+    op = "scatter_rows" if scatter else "gather_rows"
+    call = (lambda: ukv_torch.scatter_rows(planes, runs, run_count, buffer)) if scatter else \
+        (lambda: ukv_torch.gather_rows(planes, runs, run_count, buffer))
+    # Compared as bytes: the random buffer holds NaN patterns in the bf16 plane.
+    outputs = (lambda: ([p.view(torch.uint8) for p in planes], [p.view(torch.uint8) for p in ref_planes])) \
+        if scatter else (lambda: ([buffer], [twin]))
+    return Case(op, label, runs.shape[0], 2 * offset, call, composite, outputs,
+                same_bytes_copy=lambda: copy_dst.copy_(copy_src))
+
+
 def build_cases(device, quick):
     gen = torch.Generator(device=device)
     gen.manual_seed(0)
@@ -485,6 +542,10 @@ def row_space_cases(device, gen, scale):
         slot_mapping_case("prefill 1 seq 8K chunk at 0" + ROW_SPACE, pre(8192, 0)),
         row_copies_case("16 unit moves" + ROW_SPACE, rs, max(1, 16 // scale), device, gen),
         row_copies_case("256 unit moves" + ROW_SPACE, rs, max(1, 256 // scale), device, gen),
+        transfer_case("one CSA layer of a 32K-token sequence" + ROW_SPACE, False, rs, 32 * K, device, gen),
+        transfer_case("one CSA layer of a 32K-token sequence" + ROW_SPACE, True, rs, 32 * K, device, gen),
+        transfer_case("one CSA layer of a 128K-token sequence" + ROW_SPACE, False, rs, 128 * K, device, gen),
+        transfer_case("one CSA layer of a 128K-token sequence" + ROW_SPACE, True, rs, 128 * K, device, gen),
     ]
 
 
@@ -639,6 +700,10 @@ def main(argv=None):
             r["graph_us"] = time_graph(case.run_op, iters)
             r["graph_x1_us"] = time_graph(case.run_op, iters, calls_per_graph=1)
             r["composite_graph_us"] = time_graph(case.run_composite, max(5, iters // 20), calls_per_graph=1)
+        if case.same_bytes_copy is not None:
+            r["same_bytes_copy_us"] = (time_graph(case.same_bytes_copy, iters) if device.type == "cuda"
+                                       else time_eager(case.same_bytes_copy, iters, device))
+            r["same_bytes_copy_gb_per_s"] = case.bytes_moved / (r["same_bytes_copy_us"] * 1e-6) / 1e9
         best = r.get("graph_us", r["eager_us"])
         r["mb_moved"] = case.bytes_moved / 1e6
         r["gb_per_s"] = case.bytes_moved / (best * 1e-6) / 1e9
@@ -663,6 +728,17 @@ def main(argv=None):
               f"{fmt(row['eager_us'])} | {fmt(row['aten_eager_beside_us'])} | {ref} | "
               f"{fmt(row['mb_moved'], 3)} | {fmt(row['gb_per_s'], 0)} | {fmt(pct, 0)} | "
               f"{fmt(row.get('composite_graph_us'), 1)} / {fmt(row['composite_eager_us'], 1)} |")
+    copied = [row for row in rows if "same_bytes_copy_us" in row]
+    if copied:
+        print("\nAgainst a plain tensor copy of the same bytes (graph node on a GPU, eager on the CPU):\n")
+        print("| op | case | MB moved | op us | op GB/s | copy us | copy GB/s | % of that copy |")
+        print("|---|---|---|---|---|---|---|---|")
+        for row in copied:
+            best = row.get("graph_us", row["eager_us"])
+            print(f"| {row['op']} | {row['case']} | {fmt(row['mb_moved'], 3)} | {fmt(best)} | "
+                  f"{fmt(row['gb_per_s'], 0)} | {fmt(row['same_bytes_copy_us'])} | "
+                  f"{fmt(row['same_bytes_copy_gb_per_s'], 0)} | "
+                  f"{fmt(100 * row['same_bytes_copy_us'] / best, 0)} |")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": str(device), "torch": torch.__version__, "copy_gb_per_s": copy_gbs, **floor,

@@ -121,6 +121,8 @@ TORCH_LIBRARY(ukv, m) {
       .def("logical_table", &KvManagerHolder::logical_table)
       .def("swa_table", &KvManagerHolder::swa_table)
       .def("phys_table", &KvManagerHolder::phys_table)
+      .def("describe_sequence", &KvManagerHolder::describe_sequence)
+      .def("import_sequence", &KvManagerHolder::import_sequence)
       .def("stage", &KvManagerHolder::stage)
       .def("upload", &KvManagerHolder::upload)
       .def("mark_uploaded", &KvManagerHolder::mark_uploaded)
@@ -176,7 +178,8 @@ TORCH_LIBRARY(ukv, m) {
        {ukv::ops::CsaTranslatePack::schema(), ukv::ops::PagedDecodeIndices::schema(),
         ukv::ops::HcaDecodeIndices::schema(), ukv::ops::PagedPrefillIndices::schema(),
         ukv::ops::DecodeIndexMetadata::schema(), ukv::ops::PrefillIndexMetadata::schema(),
-        ukv::ops::SwaSlotMapping::schema(), ukv::ops::ApplyRowCopies::schema()})
+        ukv::ops::SwaSlotMapping::schema(), ukv::ops::ApplyRowCopies::schema(),
+        ukv::ops::GatherRows::schema(), ukv::ops::ScatterRows::schema()})
     m.def(schema.c_str());
   m.def("bind_compress_view(Tensor(a) unified_kv, *, int compress_base, int compress_ratio, int block_size, "
         "int? block_stride=None) -> Tensor(a)");

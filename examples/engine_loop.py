@@ -29,11 +29,11 @@ import torch
 import ukv_torch
 from attention_metadata import AttentionMetadata, Chunk
 from tagged_model import TaggedModel, Work, extend_tags
-from ukv_torch import KvManager, ModelKvSpec, ServeConfig, allocate_unified_kv, plan_kv_layout, table_index
+from ukv_torch import (KvManager, ModelKvSpec, SequenceExport, ServeConfig, allocate_unified_kv, gather_sequence,
+                       plan_kv_layout, scatter_sequence, table_index, transfer_bytes)
 
 LAYERS = (0, 4, 128, 4, 128)  # one dense (SWA only), two CSA and two HCA layers
 VOCAB = 32000
-SWA_PAGE_TOKENS = 32  # row_space: SWA pages of 32 tokens (the slot layouts page by blocks)
 # Budgets under which memory runs short (waits, preemptions, evictions, row moves). The slot
 # layouts keep max_num_seqs windows of SWA rows in every layer tensor whatever is live, so
 # they need more bytes for the same load.
@@ -97,7 +97,7 @@ class Engine:
         self.device = torch.device(args.device)
         config = ServeConfig(layout=args.layout, window=128, mtp_k=2, compress_ratios=(4, 128), max_num_seqs=16,
                              max_num_batched_tokens=384, max_blocks_per_seq=12, swa_sizing="step",
-                             swa_page_tokens=SWA_PAGE_TOKENS if args.layout == "row_space" else 0)
+                             swa_page_tokens=args.swa_page_tokens if args.layout == "row_space" else 0)
         # The model's KV is one int64 tag per row: the plan counts tag rows of 8 bytes.
         model = ModelKvSpec(layer_ratios=LAYERS, head_dim=1, kv_elem_bytes=8, rope_head_dim=0,
                             indexer_bytes_per_block=0)
@@ -246,6 +246,33 @@ class Engine:
             if follow_up is not None:
                 self.waiting.append(follow_up)
 
+    # --- moving a decoding request to another engine (docs/serving-loop.md) ---------------
+    def send(self, r: Request) -> Tuple[SequenceExport, torch.Tensor]:
+        """Between steps: the request's description and its KV rows in one buffer; it leaves this engine."""
+        export = self.mgr.describe_sequence(r.rid)
+        buffer = torch.empty(transfer_bytes(self.plan, self.kv, export), dtype=torch.uint8,
+                             device=self.device)
+        gather_sequence(self.plan, self.kv, export, buffer)
+        self.mgr.deallocate(r.rid)  # after the gather is enqueued: its rows may be reused from now on
+        self.running.remove(r)
+        return export, buffer
+
+    def receive(self, r: Request, export: SequenceExport, buffer: torch.Tensor) -> int:
+        """Between steps: admit a request another engine sent (under its id r.rid here). Returns
+        import_sequence's answer; on a refusal nothing changed and the caller may retry later."""
+        cached = self.mgr.import_sequence(r.rid, export)
+        if cached < 0:
+            return cached
+        # Its rows as they are now: stage it alone and apply the moves its units caused first.
+        self.mgr.stage([r.rid])
+        self.mgr.upload(1)
+        if self.kv.planes:
+            ukv_torch.apply_row_copies(list(self.kv.planes), self.mgr.row_copies, self.mgr.row_copy_counts)
+        scatter_sequence(self.plan, self.kv, self.mgr.describe_sequence(r.rid), buffer, cached)
+        r.computed, r.decoding, r.drafts = export.num_computed, True, []
+        self.running.append(r)
+        return cached
+
     # --- the outcome ------------------------------------------------------------------
     def outcome(self, seconds: float) -> Tuple[bool, str]:
         self.mgr.check_invariants()
@@ -271,6 +298,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layout", default="row_space", choices=("static", "upstream", "elastic", "row_space"))
     p.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU build")
+    p.add_argument("--swa-page-tokens", type=int, default=32,
+                   help="row_space: tokens per SWA page (the slot layouts page by blocks)")
     p.add_argument("--requests", type=int, default=24, help="requests served in all (follow-ups and repeats included)")
     p.add_argument("--budget-kib", type=int, default=None,
                    help=f"KV byte budget in KiB, of 8-byte tag rows (default per layout: {BUDGET_KIB})")

@@ -25,15 +25,18 @@ from .ops import (  # noqa: E402
     bind_compress_view,
     csa_translate_pack,
     decode_index_metadata,
+    gather_rows,
     hca_decode_indices,
     paged_decode_indices,
     paged_prefill_indices,
     prefill_index_metadata,
+    scatter_rows,
     swa_slot_mapping,
 )
 from .prefix_hashing import block_hashes, cache_salt, swa_page_hashes  # noqa: E402
 from .planning import MODEL_PRESETS, plan_kv_layout  # noqa: E402
 from .records import KvPlan, ModelKvSpec, PoolSizes, ServeConfig  # noqa: E402
+from .transfer import SequenceExport, gather_sequence, scatter_sequence, transfer_bytes  # noqa: E402
 from .unified_kv import UnifiedKv, allocate_unified_kv  # noqa: E402
 
 __version__ = "0.1.0"
@@ -49,6 +52,7 @@ __all__ = [
     "ModelKvSpec",
     "OutOfSlots",
     "PoolSizes",
+    "SequenceExport",
     "ServeConfig",
     "UnifiedKv",
     "UnifiedKvCoordinator",
@@ -60,16 +64,21 @@ __all__ = [
     "cache_salt",
     "csa_translate_pack",
     "decode_index_metadata",
+    "gather_rows",
+    "gather_sequence",
     "hca_decode_indices",
     "paged_decode_indices",
     "paged_prefill_indices",
     "plan_kv_layout",
     "prefill_index_metadata",
+    "scatter_rows",
+    "scatter_sequence",
     "slot_counts",
     "staged_tables_shape",
     "swa_page_hashes",
     "swa_slot_mapping",
     "table_index",
+    "transfer_bytes",
     "unified_slot_counts",
     "__version__",
 ]

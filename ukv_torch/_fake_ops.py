@@ -124,3 +124,21 @@ def _apply_row_copies(planes, copies, copy_counts):
     torch._check(copies.dim() == 2 and copies.shape[1] == 3, lambda: "copies must be [max_copies, 3]")
     for plane in planes:
         torch._check(plane.shape[0] == planes[0].shape[0], lambda: "every plane must have the same rows")
+
+
+def _check_transfer(tensors, runs, run_count, buffer):
+    torch._check(runs.dim() == 2 and runs.shape[1] == 4, lambda: "runs must be [max_runs, 4]")
+    torch._check(run_count.dim() == 1 and run_count.shape[0] == 1, lambda: "run_count must have 1 element")
+    torch._check(buffer.dim() == 1, lambda: "buffer must be 1-D")
+    for t in tensors:
+        torch._check(t.dim() == 2, lambda: "every tensor must be 2-D [rows, width]")
+
+
+@_register_fake("gather_rows")
+def _gather_rows(sources, runs, run_count, buffer):
+    _check_transfer(sources, runs, run_count, buffer)
+
+
+@_register_fake("scatter_rows")
+def _scatter_rows(targets, runs, run_count, buffer):
+    _check_transfer(targets, runs, run_count, buffer)

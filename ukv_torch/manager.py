@@ -25,6 +25,7 @@ import torch
 from .kv_events import KvEvent, events_from_tensors
 from .prefix_hashing import Salt, salt_arg
 from .records import KvPlan, PoolSizes, ServeConfig
+from .transfer import SequenceExport, _check_same_model
 
 __all__ = ["KvManager", "table_index", "staged_tables_shape"]
 
@@ -179,6 +180,40 @@ class KvManager:
     def clear_cache(self) -> None:
         """Forget every cached block and SWA page no sequence holds (an ALL_CLEARED event)."""
         self.torch_object.clear_cache()
+
+    # --- moving a sequence to another pool (docs/serving-loop.md, "Moving a sequence between pools") ---
+    def describe_sequence(self, seq_id: int) -> SequenceExport:
+        """A decoding sequence for export: its tokens, computed count, block hashes and the
+        tables its KV rows are found through (:class:`ukv_torch.SequenceExport`).
+
+        The sequence must be decoding (its prompt computed and the token sampled
+        after it committed) with no append() awaiting commit_decode; otherwise a
+        RuntimeError says which. Changes nothing: the sequence stays live here
+        until you deallocate it (after :func:`ukv_torch.gather_sequence` has
+        read its rows). Called on the importing side after import_sequence, it
+        gives the rows :func:`ukv_torch.scatter_sequence` writes."""
+        tokens, computed, swa_begin, hashes, logical, swa_units, phys, salt = self.torch_object.describe_sequence(seq_id)
+        return SequenceExport(tokens, computed, swa_begin, hashes, logical, swa_units, phys, self.config,
+                              salt & ((1 << 64) - 1))
+
+    def import_sequence(self, seq_id: int, export: SequenceExport) -> int:
+        """Admit a sequence another manager exported, as decoding.
+
+        Same rules and answers as :meth:`allocate`: NOT_NOW or NEVER_FITS with
+        nothing changed (not even the refusal count), or the cached prefix in
+        tokens, below which this pool already holds the sequence's KV. On
+        success the sequence holds the blocks of its ``num_computed`` positions
+        and the SWA pages of its last window, as if it had been prefilled here;
+        fill them with :func:`ukv_torch.scatter_sequence` before its first
+        decode step reads them. Its full blocks are published to the prefix
+        cache by the prefill rule (those whose trailing window of SWA rows the
+        transfer carries). ``export.config`` must have this manager's
+        block_size, window and compress_ratios (ValueError otherwise), and the
+        manager must not be configured with full_retain. The sequence keeps
+        its cache salt (``export.salt``), so its blocks hit as they did there."""
+        _check_same_model(export, self)
+        return self.torch_object.import_sequence(seq_id, _tokens(export.tokens), export.num_computed,
+                                                 salt_arg(export.salt))
 
     # --- inspection ---
     def has_sequence(self, seq_id: int) -> bool:

@@ -35,6 +35,8 @@ __all__ = [
     "prefill_index_metadata",
     "swa_slot_mapping",
     "apply_row_copies",
+    "gather_rows",
+    "scatter_rows",
     "bind_compress_view",
 ]
 
@@ -274,6 +276,36 @@ def apply_row_copies(planes: List[torch.Tensor], copies: torch.Tensor, copy_coun
     kernel of the step reads or writes KV: the staged tables already point at
     the new rows. Copies of one phase touch disjoint rows and phases run in
     order (one kernel per phase); an entry outside the planes is skipped.
+    """
+
+
+@schema_op
+def gather_rows(sources: List[torch.Tensor], runs: torch.Tensor, run_count: torch.Tensor,
+                buffer: torch.Tensor) -> None:
+    """Copy row runs of up to four 2-D tensors into one contiguous byte buffer, in place.
+
+    ``runs`` is ``[max_runs, 4]`` int64: (tensor, first_row, rows,
+    buffer_offset); run ``i < run_count[0]`` (``run_count``: ``[1]`` int32, on
+    the device) copies rows ``[first_row, first_row + rows)`` of
+    ``sources[tensor]`` to ``buffer[buffer_offset:]`` (uint8, 1-D), packed
+    (``rows * width * element_size`` bytes). A source is any 2-D tensor whose
+    rows are contiguous and do not overlap: a layer's KV or RoPE tensor, or a
+    CSA indexer cache flattened to ``[blocks, k * entry_bytes]``. Runs must
+    write disjoint bytes; a run outside its tensor or the buffer is skipped.
+    ``ukv_torch.transfer`` builds the runs of a sequence. One kernel on the
+    current stream sized by ``max_runs``: capturable in a CUDA graph.
+    """
+
+
+@schema_op
+def scatter_rows(targets: List[torch.Tensor], runs: torch.Tensor, run_count: torch.Tensor,
+                 buffer: torch.Tensor) -> None:
+    """The inverse of :func:`gather_rows`: copy each run's packed bytes from ``buffer``
+    into rows ``[first_row, first_row + rows)`` of ``targets[tensor]``, in place.
+
+    Same arguments and rules; runs must write disjoint rows. In the row-space
+    layout apply the step's row copies first: a unit moved out of the rows a
+    run fills would otherwise be copied from after the scatter wrote them.
     """
 
 

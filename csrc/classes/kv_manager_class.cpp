@@ -124,6 +124,35 @@ at::Tensor KvManagerHolder::phys_table(int64_t seq_id, int64_t type) {
   return locked([&] { return to_tensor(manager_->phys_table(seq_id, type)); });
 }
 
+std::tuple<at::Tensor, int64_t, int64_t, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t>
+KvManagerHolder::describe_sequence(int64_t seq_id) {
+  return locked([&] {
+    const KvManager& m = *manager_;
+    m.check_exportable(seq_id);
+    const std::vector<uint64_t>& hashes = m.block_hashes(seq_id);
+    // The hash bits as int64 (a tensor has no uint64 arithmetic to lose them to).
+    const at::Tensor hash_tensor =
+        at::tensor(at::ArrayRef<int64_t>(reinterpret_cast<const int64_t*>(hashes.data()), hashes.size()),
+                   at::TensorOptions().dtype(at::kLong));
+    const at::Tensor logical = to_tensor(m.logical_table(seq_id));
+    at::Tensor phys = at::empty({m.config().num_phys_tables(), logical.numel()}, logical.options());
+    for (int64_t t = 0; t < phys.size(0); ++t) phys[t].copy_(to_tensor(m.phys_table(seq_id, t)));
+    const int64_t computed = m.num_computed(seq_id);
+    return std::make_tuple(to_tensor(m.tokens(seq_id)), computed, m.transfer_swa_begin(computed), hash_tensor,
+                           logical, to_tensor(m.staged_swa_table(seq_id)), phys,
+                           static_cast<int64_t>(m.salt(seq_id)));
+  });
+}
+
+int64_t KvManagerHolder::import_sequence(int64_t seq_id, const at::Tensor& tokens, int64_t num_computed,
+                                         int64_t salt) {
+  const at::Tensor t = token_arg(tokens, "tokens");
+  return locked([&] {
+    return manager_->import_sequence(seq_id, t.data_ptr<int32_t>(), t.numel(), num_computed,
+                                     static_cast<uint64_t>(salt));
+  });
+}
+
 void KvManagerHolder::stage(const at::Tensor& seq_ids) {
   const at::Tensor ids = int64_arg(seq_ids, "seq_ids");
   locked([&] {

@@ -20,7 +20,9 @@ namespace {
 // decode share (each sequence's next block and decode pages) are kept apart,
 // so chunks cannot use up what append() needs.
 int64_t KvManager::prefill_copy_share(const ServeConfig& c, const PoolSizes& p) {
-  return (ceil_div(c.max_num_batched_tokens, c.block_size) + ceil_div(c.max_num_batched_tokens, c.swa_page())) *
+  // Each sequence's chunk may straddle one more block and page than its tokens fill.
+  return (ceil_div(c.max_num_batched_tokens, c.block_size) + ceil_div(c.max_num_batched_tokens, c.swa_page()) +
+          2 * c.max_num_seqs) *
          moves_per_bind(p);
 }
 
@@ -123,6 +125,8 @@ std::vector<int32_t> KvManager::staged_swa_table(int64_t seq_id) const {
 }
 int64_t KvManager::num_computed(int64_t seq_id) const { return seq(seq_id).num_computed; }
 int64_t KvManager::num_tokens(int64_t seq_id) const { return static_cast<int64_t>(seq(seq_id).tokens.size()); }
+const std::vector<int32_t>& KvManager::tokens(int64_t seq_id) const { return seq(seq_id).tokens; }
+const std::vector<uint64_t>& KvManager::block_hashes(int64_t seq_id) const { return seq(seq_id).hashes; }
 
 // ----------------------------------------------------------------- prefill --
 

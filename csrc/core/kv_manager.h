@@ -29,6 +29,7 @@
 // torch class serialises calls). Deterministic.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -130,6 +131,28 @@ class KvManager {
   void deallocate(const int64_t* seq_ids, int64_t n);
   void clear_cache();
 
+  // --- moving a decoding sequence between managers (kv_manager_transfer.cpp) ---
+  // Throws unless the sequence can be exported now: it decodes (its prompt is
+  // computed and a token sampled after it) and no append() awaits its commit.
+  void check_exportable(int64_t seq_id) const;
+  // The positions whose SWA rows travel with a sequence of `num_computed`
+  // computed positions: the window - 1 before it, which the next decode step
+  // reads (its own position is written by that step).
+  int64_t transfer_swa_begin(int64_t num_computed) const {
+    return std::max<int64_t>(0, num_computed - (serve_.window - 1));
+  }
+  // Admits a sequence exported by another manager as decoding: tokens[0, n)
+  // its known tokens, num_computed == n - 1. Same promise rules as allocate()
+  // (a refusal, kNotNow or kNeverFits, changes nothing, not even the refusal
+  // count); on success the sequence holds the blocks of its computed
+  // positions and the SWA pages of its last window, as if it had been
+  // prefilled here in one chunk, and the return value is the cached prefix
+  // in tokens: the positions below it already hold their KV here, the
+  // transfer fills the rest (its full blocks are published once their KV is
+  // in place, by the same rule as prefill).
+  int64_t import_sequence(int64_t seq_id, const int32_t* tokens, int64_t n, int64_t num_computed, uint64_t salt = 0);
+  uint64_t salt(int64_t seq_id) const { return seq(seq_id).salt; }
+
   // --- tables ---
   const std::vector<int32_t>& logical_table(int64_t seq_id) const;
   // The sequence's SWA pages, one entry per page (-1: none): the ids the
@@ -143,6 +166,9 @@ class KvManager {
   std::vector<int32_t> staged_swa_table(int64_t seq_id) const;
   int64_t num_computed(int64_t seq_id) const;
   int64_t num_tokens(int64_t seq_id) const;
+  const std::vector<int32_t>& tokens(int64_t seq_id) const;
+  // The prefix-cache hash chain of the sequence's published blocks.
+  const std::vector<uint64_t>& block_hashes(int64_t seq_id) const;
   // Writes rows 0..n-1 of every table for these sequences (an SWA page the
   // sequence does not hold is -1: the kernels that read SWA rows clamp it,
   // and the write-row op skips its positions; unused columns 0).
@@ -271,6 +297,7 @@ class KvManager {
   int64_t shared_slot_of(int64_t type, int64_t phys) const;
 
   void require_distinct_known(const int64_t* seq_ids, int64_t n, const char* what) const;
+  void require_new_id(int64_t seq_id) const;
   int64_t missing_swa_pages(const Sequence& s, int64_t num_new_tokens) const;
   // Pages [first, last] of the sequence's positions written this chunk.
   std::pair<int64_t, int64_t> chunk_pages(const Sequence& s, int64_t num_new_tokens) const;

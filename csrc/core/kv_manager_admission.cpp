@@ -372,9 +372,13 @@ int64_t KvManager::can_allocate(const int32_t* tokens, int64_t n, uint64_t salt)
   return a.ok ? a.cached_blocks * serve_.block_size : refusal(n);
 }
 
-int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n, uint64_t salt) {
+void KvManager::require_new_id(int64_t seq_id) const {
   require(seq_id >= 0, "sequence ids must be >= 0 (-1 is the padding sentinel of the index ops), got ", seq_id);
   require(!has_sequence(seq_id), "sequence id ", seq_id, " is already allocated");
+}
+
+int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n, uint64_t salt) {
+  require_new_id(seq_id);
   const Admission a = admission(tokens, n, salt);
   if (!a.ok) {
     ++stats_.admission_refusals;

@@ -302,6 +302,33 @@ UKV_HOST_DEVICE PhaseSpan phase_span(const RowCopyParams& p, int32_t phase) {
   return {static_cast<int32_t>(first), static_cast<int32_t>(count)};
 }
 
+// Row transfers (gather_rows, scatter_rows): how many runs the list holds,
+// and a run's place, or a run of 0 rows when any part of it lies outside its
+// tensor or the buffer (such a run is skipped).
+UKV_HOST_DEVICE int32_t run_count(const RowTransferParams& p) {
+  const int32_t n = p.count[0];
+  return n < 0 ? 0 : (n < p.max_runs ? n : p.max_runs);
+}
+
+struct RowRun {
+  int32_t tensor;
+  int64_t first_row;
+  int64_t rows;
+  int64_t offset;
+};
+
+UKV_HOST_DEVICE RowRun row_run(const RowTransferParams& p, int32_t i) {
+  const int64_t* r = p.runs + 4 * static_cast<int64_t>(i);
+  const int64_t tensor = r[0], first = r[1], rows = r[2], offset = r[3];
+  if (tensor < 0 || tensor >= p.num_tensors || rows <= 0 || first < 0 || offset < 0) return {0, 0, 0, 0};
+  const int32_t t = static_cast<int32_t>(tensor);
+  // Compared as differences and quotients: a sum or product of hostile values could wrap.
+  if (first > p.tensor_rows[t] - rows || rows > p.buffer_bytes / p.row_bytes[t] ||
+      offset > p.buffer_bytes - rows * p.row_bytes[t])
+    return {0, 0, 0, 0};
+  return {t, first, rows, offset};
+}
+
 // An entry is applied only if both ranges lie in the planes and do not
 // overlap each other (the manager never makes such a copy; skipping one keeps
 // the CPU's and the GPU's results the same, as a parallel copy of overlapping

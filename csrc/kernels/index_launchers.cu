@@ -14,6 +14,7 @@
 #include "kernels/paged_decode_indices.cuh"
 #include "kernels/paged_prefill_indices.cuh"
 #include "kernels/row_copies.cuh"
+#include "kernels/row_transfer.cuh"
 #include "kernels/swa_slot_mapping.cuh"
 
 namespace ukv::kernels {
@@ -183,6 +184,13 @@ gpu::Error launch_apply_row_copies(const RowCopyParams& p, gpu::Stream stream) {
     if (err != gpu::kSuccess) return err;
   }
   return gpu::kSuccess;
+}
+
+// At most kTargetBlocks blocks striding over the runs (their count is on the device).
+gpu::Error launch_transfer_rows(const RowTransferParams& p, gpu::Stream stream) {
+  if (p.max_runs == 0 || p.num_tensors == 0) return gpu::kSuccess;
+  constexpr int kThreads = 256;
+  return gpu::launch(transfer_rows_kernel<kThreads>, std::min(p.max_runs, kTargetBlocks), kThreads, stream, p);
 }
 
 }  // namespace ukv::kernels

@@ -170,6 +170,24 @@ struct RowCopyParams {
   int64_t plane_rows;     // every plane's rows (copies outside them are skipped)
 };
 
+// Row runs between 2-D tensors and one byte buffer (gather_rows,
+// scatter_rows): entries [0, count[0]) of runs ([*, 4] int64: tensor, first
+// row, rows, buffer byte offset), each run's rows packed at its offset.
+// Tensor rows are row_bytes bytes, row_stride bytes apart.
+struct RowTransferParams {
+  const int64_t* runs;
+  const int32_t* count;  // [1], on the device
+  int32_t max_runs;
+  int32_t num_tensors;
+  uint8_t* tensors[kMaxPlanes];
+  int64_t row_bytes[kMaxPlanes];
+  int64_t row_stride[kMaxPlanes];
+  int64_t tensor_rows[kMaxPlanes];
+  uint8_t* buffer;
+  int64_t buffer_bytes;
+  bool to_buffer;  // gather (tensor rows -> buffer) or scatter (buffer -> tensor rows)
+};
+
 struct DecodeMetadataParams {
   Positions positions;
   const int32_t* batch_id;

@@ -369,4 +369,64 @@ kernels::RowCopyParams check(c10::DeviceType device_type, const ApplyRowCopies::
   return p;
 }
 
+namespace {
+
+// gather_rows and scatter_rows take the same arguments but for the direction:
+// `tensors` (named `tensors_name`) are 2-D with contiguous rows (any row
+// stride: a compressor or indexer view), the runs an int64 [max_runs, 4]
+// list with an int32 [1] count, the buffer a contiguous 1-D uint8 tensor.
+kernels::RowTransferParams check_transfer(const char* op, c10::DeviceType device_type,
+                                          const std::vector<at::Tensor>& tensors, const char* tensors_name,
+                                          const at::Tensor& runs, const at::Tensor& run_count,
+                                          const at::Tensor& buffer, bool to_buffer) {
+  ArgChecker c(op, device_type);
+  kernels::RowTransferParams p{};
+  c.same_device(buffer, "buffer");
+  TORCH_CHECK_TYPE(buffer.scalar_type() == at::kByte, op, ": buffer must be uint8, got ", buffer.scalar_type());
+  TORCH_CHECK_VALUE(buffer.dim() == 1 && (buffer.numel() <= 1 || buffer.stride(0) == 1), op,
+                    ": buffer must be a contiguous 1-D tensor, got ", buffer.sizes(), " with strides ",
+                    buffer.strides());
+  p.buffer = static_cast<uint8_t*>(buffer.data_ptr());
+  p.buffer_bytes = buffer.numel();
+  c.same_device(runs, "runs");
+  TORCH_CHECK_TYPE(runs.scalar_type() == at::kLong, op, ": runs must be int64, got ", runs.scalar_type());
+  TORCH_CHECK_VALUE(runs.dim() == 2 && runs.size(1) == 4 && runs.is_contiguous() && runs.size(0) <= kInt32Max, op,
+                    ": runs must be a contiguous [max_runs, 4] tensor (tensor, first_row, rows, buffer_offset), got ",
+                    runs.sizes(), " with strides ", runs.strides());
+  p.runs = runs.data_ptr<int64_t>();
+  p.max_runs = static_cast<int32_t>(runs.size(0));
+  p.count = c.vector(run_count, "run_count", 1);
+  TORCH_CHECK_VALUE(tensors.size() <= static_cast<size_t>(kernels::kMaxPlanes), op, ": ", tensors_name,
+                    " must hold at most ", kernels::kMaxPlanes, " tensors, got ", tensors.size());
+  p.num_tensors = static_cast<int32_t>(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    const std::string name = std::string(tensors_name) + "[" + std::to_string(i) + "]";
+    c.same_device(t, name.c_str());
+    TORCH_CHECK_VALUE(t.dim() == 2 && t.size(1) > 0 && (t.size(1) == 1 || t.stride(1) == 1) &&
+                          (t.size(0) <= 1 || t.stride(0) >= t.size(1)),
+                      op, ": ", name,
+                      " must be a 2-D [rows, width > 0] tensor whose rows are contiguous and do not overlap, got ",
+                      t.sizes(), " with strides ", t.strides());
+    p.tensors[i] = static_cast<uint8_t*>(t.data_ptr());
+    p.row_bytes[i] = t.size(1) * static_cast<int64_t>(t.element_size());
+    p.row_stride[i] = t.stride(0) * static_cast<int64_t>(t.element_size());
+    p.tensor_rows[i] = t.size(0);
+  }
+  p.to_buffer = to_buffer;
+  return p;
+}
+
+}  // namespace
+
+kernels::RowTransferParams check(c10::DeviceType device_type, const GatherRows::Args& a) {
+  UKV_GATHER_ROWS_ARGS(UKV_OP_ARG_BIND)
+  return check_transfer("gather_rows", device_type, sources, "sources", runs, run_count, buffer, true);
+}
+
+kernels::RowTransferParams check(c10::DeviceType device_type, const ScatterRows::Args& a) {
+  UKV_SCATTER_ROWS_ARGS(UKV_OP_ARG_BIND)
+  return check_transfer("scatter_rows", device_type, targets, "targets", runs, run_count, buffer, false);
+}
+
 }  // namespace ukv::ops

@@ -23,6 +23,8 @@ inline const at::Tensor& anchor(const DecodeIndexMetadata::Args& a) { return a.s
 inline const at::Tensor& anchor(const PrefillIndexMetadata::Args& a) { return a.extend_indptr; }
 inline const at::Tensor& anchor(const SwaSlotMapping::Args& a) { return a.slot_mapping; }
 inline const at::Tensor& anchor(const ApplyRowCopies::Args& a) { return a.copies; }
+inline const at::Tensor& anchor(const GatherRows::Args& a) { return a.buffer; }
+inline const at::Tensor& anchor(const ScatterRows::Args& a) { return a.buffer; }
 
 template <class Backend, class Op>
 void run_index_op(const typename Op::Args& a) {
@@ -44,6 +46,8 @@ void register_index_ops(torch::Library& m) {
   register_index_op<Backend, PrefillIndexMetadata>(m);
   register_index_op<Backend, SwaSlotMapping>(m);
   register_index_op<Backend, ApplyRowCopies>(m);
+  register_index_op<Backend, GatherRows>(m);
+  register_index_op<Backend, ScatterRows>(m);
 }
 
 }  // namespace ukv::ops

@@ -133,6 +133,24 @@ struct CpuBackend {
     }
   }
 
+  // Runs write disjoint bytes: in parallel, row by row (tensor rows may be strided).
+  static void run(const RowTransferParams& p, const at::Tensor&) {
+    at::parallel_for(0, run_count(p), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const RowRun r = row_run(p, static_cast<int32_t>(i));
+        const int64_t row_bytes = p.row_bytes[r.tensor], stride = p.row_stride[r.tensor];
+        for (int64_t row = 0; row < r.rows; ++row) {
+          uint8_t* tensor_row = p.tensors[r.tensor] + (r.first_row + row) * stride;
+          uint8_t* packed = p.buffer + r.offset + row * row_bytes;
+          if (p.to_buffer)
+            std::memcpy(packed, tensor_row, static_cast<size_t>(row_bytes));
+          else
+            std::memcpy(tensor_row, packed, static_cast<size_t>(row_bytes));
+        }
+      }
+    });
+  }
+
   static void run(const PrefillMetadataParams& p, const at::Tensor&) {
     int32_t extend = 0, swa = 0, csa = 0, hca = 0;
     p.extend_indptr[0] = p.swa_indptr[0] = p.csa_indptr[0] = p.hca_indptr[0] = 0;

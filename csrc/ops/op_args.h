@@ -10,7 +10,7 @@
 // schema when ukv_torch is imported.
 //
 // Kinds: In (Tensor), OptIn (Tensor?), OutA..OutE (Tensor(x!), written in
-// place), OptOutB/OptOutC (Tensor(x!)?), OutListA (Tensor(a!)[]), Int (int),
+// place), OptOutB/OptOutC (Tensor(x!)?), InList (Tensor[]), OutListA (Tensor(a!)[]), Int (int),
 // OptInt (int?) and OptInts (int[]?). Every entry after the first int-like
 // one is keyword-only, as in the schemas.
 #pragma once
@@ -34,6 +34,7 @@ struct OutD { using type = at::Tensor; static constexpr const char* schema = "Te
 struct OutE { using type = at::Tensor; static constexpr const char* schema = "Tensor(e!)"; };
 struct OptOutB { using type = std::optional<at::Tensor>; static constexpr const char* schema = "Tensor(b!)?"; };
 struct OptOutC { using type = std::optional<at::Tensor>; static constexpr const char* schema = "Tensor(c!)?"; };
+struct InList { using type = std::vector<at::Tensor>; static constexpr const char* schema = "Tensor[]"; };
 struct OutListA { using type = std::vector<at::Tensor>; static constexpr const char* schema = "Tensor(a!)[]"; };
 struct Int { using type = int64_t; static constexpr const char* schema = "int"; };
 struct OptInt { using type = std::optional<int64_t>; static constexpr const char* schema = "int?"; };

@@ -98,14 +98,13 @@ def test_row_space_chunks_that_could_overflow_the_copy_list_are_refused_changing
     """One step's copy list has room for the moves of max_num_batched_tokens
     of chunks; chunks binding more units than that share could make room for
     are refused before anything changes, and a step within it goes through."""
-    m, _ = pair("row_space", max_num_batched_tokens=256)
-    for sid in (1, 2):
-        m.allocate(sid, tokens(4 * BS, sid))
-    m.stage([1, 2])
+    m, _ = pair("row_space", max_num_batched_tokens=256, max_num_seqs=2)
+    m.allocate(1, tokens(16 * BS, 1))
+    m.stage([1])
     before = snapshot(m)
     with pytest.raises(ValueError, match="copy list has room for"):
-        m.ensure_for_tokens([1, 2], [4 * BS, 4 * BS])
+        m.ensure_for_tokens([1], [16 * BS])  # 16 envelopes and 5 pages; the share holds 14 units' moves
     assert unchanged(m, before)
-    m.ensure_for_tokens([1, 2], [BS, BS])
-    m.commit_prefill([1, 2], [BS, BS])
+    m.ensure_for_tokens([1], [2 * BS])
+    m.commit_prefill([1], [2 * BS])
     m.check_invariants()

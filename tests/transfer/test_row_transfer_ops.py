@@ -1,0 +1,309 @@
+"""gather_rows and scatter_rows: row runs of up to four 2-D tensors (any
+dtype, strided rows) to and from one byte buffer, against a reference; the
+run count read from a tensor; runs outside a tensor or the buffer skipped;
+every argument checked by name with nothing written; opcheck and
+torch.compile; on a GPU, the same bytes with no allocation, graph replays
+reading new runs and counts, and torch.compile with reduce-overhead."""
+import random
+
+import pytest
+import torch
+
+import ukv_torch
+from support.devices import DEVICES
+
+BACKENDS = ["aot_eager", "inductor"]
+
+
+def make_tensors(device, rows=40):
+    """fp32 and bf16 planes and an indexer-like uint8 view with a row stride (its rows are
+    the first 12 bytes of every 20-byte group), as the transfer gathers them."""
+    wide = torch.randn(rows, 5, device=device)
+    narrow = torch.randn(rows, 3, device=device).to(torch.bfloat16)
+    indexer = torch.randint(0, 255, (rows // 2, 20), dtype=torch.uint8, device=device)[:, :12]
+    return [wide, narrow, indexer]
+
+
+def row_bytes(t):
+    return t.shape[1] * t.element_size()
+
+
+def tensor_rows(t, first, rows):
+    """The rows' bytes, packed."""
+    return t[first: first + rows].contiguous().view(torch.uint8).flatten().cpu()
+
+
+def random_runs(rng, tensors, max_runs):
+    """Runs over disjoint rows, packed one after the other at shuffled buffer offsets."""
+    runs, used = [], [set() for _ in tensors]
+    for _ in range(max_runs):
+        i = rng.randrange(len(tensors))
+        rows = rng.randint(1, 4)
+        first = rng.randrange(tensors[i].shape[0] - rows + 1)
+        if used[i] & set(range(first, first + rows)):
+            continue
+        used[i] |= set(range(first, first + rows))
+        runs.append([i, first, rows, 0])
+    order = list(range(len(runs)))
+    rng.shuffle(order)
+    offset = 0
+    for j in order:
+        runs[j][3] = offset
+        offset += runs[j][2] * row_bytes(tensors[runs[j][0]]) + rng.randrange(3)  # gaps stay untouched
+    return runs, offset
+
+
+def reference_gather(tensors, runs, count, nbytes, fill=7):
+    """What gather_rows writes into a buffer of `fill` bytes."""
+    buffer = torch.full((nbytes,), fill, dtype=torch.uint8)
+    for tensor, first, rows, offset in runs[:max(0, min(count, len(runs)))]:
+        t = tensors[tensor]
+        inside = 0 <= tensor < len(tensors) and rows > 0 and first >= 0 and offset >= 0 and \
+            first + rows <= t.shape[0] and offset + rows * row_bytes(t) <= nbytes
+        if inside:
+            buffer[offset: offset + rows * row_bytes(t)] = tensor_rows(t, first, rows)
+    return buffer
+
+
+def run_tensors(runs, count, device):
+    return (torch.tensor(runs, dtype=torch.int64).view(-1, 4).to(device),
+            torch.tensor([count], dtype=torch.int32).to(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", range(6))
+def test_gather_then_scatter_round_trip(device, seed):
+    rng = random.Random(seed)
+    tensors = make_tensors(device)
+    runs, nbytes = random_runs(rng, tensors, 24)
+    buffer = torch.full((nbytes,), 7, dtype=torch.uint8, device=device)
+    ukv_torch.gather_rows(tensors, *run_tensors(runs, len(runs), device), buffer)
+    assert torch.equal(buffer.cpu(), reference_gather([t.cpu() for t in tensors], runs, len(runs), nbytes))
+
+    targets = [torch.zeros_like(t) if t.is_contiguous() else
+               torch.zeros(t.shape[0], 20, dtype=t.dtype, device=device)[:, :12] for t in tensors]
+    ukv_torch.scatter_rows(targets, *run_tensors(runs, len(runs), device), buffer)
+    for i, (t, target) in enumerate(zip(tensors, targets)):
+        written = set(r for tensor, first, rows, _ in runs if tensor == i for r in range(first, first + rows))
+        for r in range(t.shape[0]):
+            expected = t[r] if r in written else torch.zeros_like(t[r])
+            assert torch.equal(target[r], expected), (i, r)
+    if not targets[2].is_contiguous():  # the bytes between a strided tensor's rows are not written
+        assert int(targets[2].as_strided((targets[2].shape[0], 8), (20, 1), 12).count_nonzero()) == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("count", [-3, 0, 1, 5, 999])
+def test_run_count_comes_from_the_tensor(device, count):
+    tensors = make_tensors(device)
+    runs, nbytes = random_runs(random.Random(1), tensors, 10)
+    buffer = torch.full((nbytes,), 7, dtype=torch.uint8, device=device)
+    ukv_torch.gather_rows(tensors, *run_tensors(runs, count, device), buffer)
+    assert torch.equal(buffer.cpu(), reference_gather([t.cpu() for t in tensors], runs, count, nbytes))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad", [[3, 0, 1, 0], [-1, 0, 1, 0], [0, -1, 1, 0], [0, 39, 2, 0], [0, 0, 0, 0],
+                                 [0, 0, -2, 0], [0, 0, 1, -1], [0, 0, 1, 100], [0, 0, 2**40, 0],
+                                 [0, 2**62, 2, 0], [0, 0, 1, 2**62]])
+def test_runs_outside_a_tensor_or_the_buffer_are_skipped(device, bad):
+    tensors = make_tensors(device)[:3]
+    good = [1, 0, 2, 0]  # 12 bytes at 0
+    buffer = torch.full((110,), 7, dtype=torch.uint8, device=device)
+    ukv_torch.gather_rows(tensors, *run_tensors([good, bad], 2, device), buffer)
+    assert torch.equal(buffer.cpu(), reference_gather([t.cpu() for t in tensors], [good], 1, 110))
+    targets = [t.clone() for t in tensors]
+    ukv_torch.scatter_rows(targets, *run_tensors([bad], 1, device), buffer)
+    assert all(torch.equal(a, b) for a, b in zip(targets, tensors))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_inputs(device):
+    tensors = make_tensors(device)
+    buffer = torch.full((8,), 7, dtype=torch.uint8, device=device)
+    ukv_torch.gather_rows(tensors, torch.zeros(0, 4, dtype=torch.int64, device=device),
+                          torch.tensor([3], dtype=torch.int32, device=device), buffer)
+    ukv_torch.gather_rows([], *run_tensors([[0, 0, 1, 0]], 1, device), buffer)
+    ukv_torch.scatter_rows([], *run_tensors([[0, 0, 1, 0]], 1, device), buffer)
+    assert buffer.tolist() == [7] * 8
+
+
+# ---------------------------------------------------------------- bad arguments --
+def valid_args(device="cpu"):
+    tensors = make_tensors(device)
+    runs, count = run_tensors([[0, 0, 1, 0], [2, 1, 1, 20]], 2, device)
+    return {"tensors": tensors, "runs": runs, "run_count": count,
+            "buffer": torch.zeros(32, dtype=torch.uint8, device=device)}
+
+
+def bad_arguments():
+    """(argument, label, how to break it, exception, message fragment; {list} is sources or targets)."""
+    contiguous_rows = "tensor whose rows are contiguous and do not overlap"
+    return [
+        ("buffer", "dtype", lambda b: b.to(torch.int32), TypeError, "buffer must be uint8"),
+        ("buffer", "rank", lambda b: b.view(4, 8), ValueError, "buffer must be a contiguous 1-D"),
+        ("buffer", "stride", lambda b: b[::2], ValueError, "buffer must be a contiguous 1-D"),
+        ("runs", "dtype", lambda r: r.to(torch.int32), TypeError, "runs must be int64"),
+        ("runs", "rank", lambda r: r.flatten(), ValueError, r"runs must be a contiguous \[max_runs, 4\]"),
+        ("runs", "columns", lambda r: r[:, :3], ValueError, r"runs must be a contiguous \[max_runs, 4\]"),
+        ("runs", "column_major", lambda r: r.t().contiguous().t(), ValueError, "runs must be a contiguous"),
+        ("run_count", "dtype", lambda c: c.to(torch.int64), TypeError, "run_count must be int32"),
+        ("run_count", "size", lambda c: torch.cat([c, c]), ValueError, "run_count must have 1 elements"),
+        ("run_count", "rank", lambda c: c.view(1, 1), ValueError, "run_count must be 1-D"),
+        ("tensors", "too_many", lambda ts: ts + ts[:2], ValueError, "{list} must hold at most 4 tensors"),
+        ("tensors", "rank", lambda ts: [ts[0].flatten()] + ts[1:], ValueError, r"{list}\[0\] must be a 2-D"),
+        ("tensors", "no_width", lambda ts: [ts[0][:, :0]] + ts[1:], ValueError, r"{list}\[0\] must be a 2-D"),
+        ("tensors", "strided_row", lambda ts: [ts[0][:, ::2]] + ts[1:], ValueError,
+         r"{list}\[0\] .*" + contiguous_rows),
+        ("tensors", "overlapping_rows", lambda ts: ts[:1] + [ts[1].as_strided((40, 3), (1, 1))] + ts[2:],
+         ValueError, r"{list}\[1\] .*" + contiguous_rows),
+    ]
+
+
+def call(op, args):
+    getattr(ukv_torch, op)(args["tensors"], args["runs"], args["run_count"], args["buffer"])
+
+
+@pytest.mark.parametrize("op", ["gather_rows", "scatter_rows"])
+@pytest.mark.parametrize("name,label,breaker,exc,fragment", bad_arguments(),
+                         ids=[f"{a[0]}-{a[1]}" for a in bad_arguments()])
+def test_bad_argument_is_refused_by_name_with_nothing_written(op, name, label, breaker, exc, fragment):
+    args = valid_args()
+    args[name] = breaker(args[name])
+    fragment = fragment.format(list="sources" if op == "gather_rows" else "targets")
+    before = [t.clone() for t in args["tensors"]] + [args["buffer"].clone()]
+    with pytest.raises(exc, match=f"{op}: {fragment}"):
+        call(op, args)
+    after = list(args["tensors"]) + [args["buffer"]]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+@pytest.mark.parametrize("op", ["gather_rows", "scatter_rows"])
+@pytest.mark.parametrize("name", ["tensors", "runs", "run_count", "buffer"])
+def test_argument_on_the_meta_device(op, name):
+    args = valid_args()
+    args[name] = [t.to("meta") for t in args[name]] if name == "tensors" else args[name].to("meta")
+    with pytest.raises(RuntimeError, match=f"{op}: .*must be on cpu like the other arguments"):
+        call(op, args)
+
+
+# ------------------------------------------------------------- opcheck, compile --
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["gather_rows", "scatter_rows"])
+def test_opcheck(device, op):
+    args = valid_args(device)
+    tensors = [t.contiguous() for t in args.pop("tensors")]  # opcheck compares tensors it can clone as they are
+    torch.library.opcheck(getattr(torch.ops.ukv, op).default, (tensors,), args)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gather_and_scatter_compiled(backend):
+    def program(a, b, runs, count, buffer, c, d):
+        ukv_torch.gather_rows([a, b], runs, count, buffer)
+        ukv_torch.scatter_rows([c, d], runs, count, buffer)
+        return buffer.sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(program, fullgraph=True, backend=backend)
+    for seed in range(3):
+        tensors = make_tensors("cpu")[:2]
+        runs, nbytes = random_runs(random.Random(seed), tensors, 12)
+        buffer = torch.zeros(nbytes, dtype=torch.uint8)
+        targets = [torch.zeros_like(t) for t in tensors]
+        compiled(*tensors, *run_tensors(runs, len(runs), "cpu"), buffer, *targets)
+        assert torch.equal(buffer, reference_gather(tensors, runs, len(runs), nbytes, fill=0))
+        for i, t in enumerate(tensors):
+            for tensor, first, rows, _ in runs:
+                if tensor == i:
+                    assert torch.equal(targets[i][first: first + rows], t[first: first + rows])
+
+
+# --------------------------------------------------------------------------- GPU --
+def on_gpu(tensors):
+    """The tensors on the GPU, the strided one keeping its row stride."""
+    return [t.cuda() if t.is_contiguous() else
+            torch.zeros(t.shape[0], 20, dtype=t.dtype, device="cuda")[:, :12].copy_(t) for t in tensors]
+
+
+MAX_RUNS = 256
+
+
+def padded_runs(seed, tensors):
+    """Random runs padded to MAX_RUNS rows (the padding lies past the count)."""
+    runs, nbytes = random_runs(random.Random(seed), tensors, 120)
+    return runs, runs + [[0, 0, 0, 0]] * (MAX_RUNS - len(runs)), nbytes
+
+
+@pytest.mark.gpu
+def test_gpu_round_trip_matches_the_reference_and_allocates_nothing():
+    tensors = make_tensors("cpu", rows=400)
+    for seed in range(4):
+        runs, nbytes = random_runs(random.Random(seed), tensors, 200)
+        sources = on_gpu(tensors)
+        buffer = torch.full((nbytes,), 7, dtype=torch.uint8, device="cuda")
+        runs_t, count = run_tensors(runs, len(runs), "cuda")
+        targets = [torch.zeros_like(t) for t in sources]
+        torch.cuda.synchronize()
+        allocated = torch.cuda.memory_allocated()
+        ukv_torch.gather_rows(sources, runs_t, count, buffer)
+        ukv_torch.scatter_rows(targets, runs_t, count, buffer)
+        assert torch.cuda.memory_allocated() == allocated
+        torch.cuda.synchronize()
+        assert torch.equal(buffer.cpu(), reference_gather(tensors, runs, len(runs), nbytes))
+        for i, t in enumerate(tensors):
+            for tensor, first, rows, _ in runs:
+                if tensor == i:
+                    assert torch.equal(targets[i][first: first + rows].cpu(), t[first: first + rows])
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replays_read_new_runs_and_counts():
+    """Captured once on static run buffers; each replay reads the runs and the count they hold then."""
+    tensors = make_tensors("cpu", rows=400)
+    sources = on_gpu(tensors)
+    _, first, nbytes = padded_runs(0, tensors)
+    runs_t = torch.tensor(first, dtype=torch.int64, device="cuda")
+    count = torch.zeros(1, dtype=torch.int32, device="cuda")
+    buffer = torch.zeros(4 * nbytes, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ukv_torch.gather_rows(sources, runs_t, count, buffer)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ukv_torch.gather_rows(sources, runs_t, count, buffer)
+    for seed in range(1, 6):
+        runs, padded, nbytes = padded_runs(seed, tensors)
+        runs_t.copy_(torch.tensor(padded, dtype=torch.int64))
+        count.fill_(len(runs))
+        buffer.fill_(7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(buffer.cpu(), reference_gather(tensors, runs, len(runs), buffer.numel())), seed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_gpu_compiled(mode):
+    def program(a, b, runs, count, buffer, c, d):
+        ukv_torch.gather_rows([a, b], runs, count, buffer)
+        ukv_torch.scatter_rows([c, d], runs, count, buffer)
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(program, fullgraph=True, mode=mode)
+    tensors = make_tensors("cpu", rows=400)[:2]
+    for seed in range(3):
+        runs, nbytes = random_runs(random.Random(seed), tensors, 100)
+        buffer = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+        targets = [torch.zeros_like(t, device="cuda") for t in tensors]
+        compiled(*on_gpu(tensors), *run_tensors(runs, len(runs), "cuda"), buffer, *targets)
+        torch.cuda.synchronize()
+        assert torch.equal(buffer.cpu(), reference_gather(tensors, runs, len(runs), nbytes, fill=0))
+        for i, t in enumerate(tensors):
+            for tensor, first, rows, _ in runs:
+                if tensor == i:
+                    assert torch.equal(targets[i][first: first + rows].cpu(), t[first: first + rows])
+    if mode == "reduce-overhead":
+        assert torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0) == 0
