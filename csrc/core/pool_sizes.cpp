@@ -34,8 +34,6 @@ void validate_row_space(const ServeConfig& c, const PoolSizes& p) {
   require(p.total_rows > 0 && p.envelope_rows > 0 && p.swa_unit_rows > 0,
           "layout 'row_space' needs PoolSizes.total_rows, envelope_rows and swa_unit_rows > 0, got ", p.total_rows,
           ", ", p.envelope_rows, ", ", p.swa_unit_rows);
-  require(p.total_rows <= kMaxRows, "PoolSizes.total_rows ", p.total_rows, " exceeds the int32 row limit ", kMaxRows,
-          " (row indices are int32)");
   require(p.envelope_rows <= p.total_rows && p.swa_unit_rows <= p.total_rows, "PoolSizes.total_rows ",
           p.total_rows, " holds no envelope (", p.envelope_rows, " rows) or no SWA unit (", p.swa_unit_rows, " rows)");
   require(p.num_logical_blocks == p.total_rows / p.envelope_rows, "PoolSizes.num_logical_blocks ",
