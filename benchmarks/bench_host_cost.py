@@ -28,7 +28,7 @@ import torch
 
 import ukv_torch
 from ukv_torch import _C
-from ukv_torch._eager import EagerOp
+from ukv_torch._extension.eager import EagerOp
 
 TOPK, WINDOW, BS = 1024, 128, 128
 

@@ -57,7 +57,7 @@ class RowSpace:
 
     @staticmethod
     def of_plan() -> "RowSpace":
-        from ukv_torch.planning import MODEL_PRESETS, plan_kv_layout
+        from ukv_torch.plan.planning import MODEL_PRESETS, plan_kv_layout
         config = ukv_torch.ServeConfig(layout="row_space", swa_page_tokens=32, compress_ratios=(CSA_RATIO, HCA_RATIO),
                                        window=WINDOW, block_size=BS, max_num_seqs=256, max_num_batched_tokens=8192)
         plan = plan_kv_layout(5 << 30, MODEL_PRESETS["v4-pro"], config)

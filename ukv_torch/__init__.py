@@ -3,23 +3,23 @@
 `_C` is loaded before any Python registration (fake kernels, fake classes),
 because those refer to the schemas it defines.
 """
-from ._loader import load_extension
+from ._extension.loader import load_extension
 
 _build_info = load_extension()
 BACKEND = _build_info.BACKEND
 
-from . import _fake_classes  # noqa: E402,F401  (after _C)
-from . import _fake_ops  # noqa: E402,F401  (registers fake kernels; needs _C's schemas)
-from .allocator import (  # noqa: E402
+from ._extension import fake_classes  # noqa: E402,F401  (after _C)
+from ._extension import fake_ops  # noqa: E402,F401  (registers fake kernels; needs _C's schemas)
+from .allocator.drop_ins import (  # noqa: E402
     OutOfSlots,
     UnifiedKvCoordinator,
     UnifiedTypePool,
     slot_counts,
     unified_slot_counts,
 )
-from .batch_calls import BatchCalls  # noqa: E402
-from .kv_events import KvEvent, KvEventKind, KvRole  # noqa: E402
-from .manager import KvManager, staged_tables_shape, table_index  # noqa: E402
+from .allocator.batch_calls import BatchCalls  # noqa: E402
+from .manager.kv_events import KvEvent, KvEventKind, KvRole  # noqa: E402
+from .manager.kv_manager import KvManager, staged_tables_shape, table_index  # noqa: E402
 from .ops import (  # noqa: E402
     apply_row_copies,
     bind_compress_view,
@@ -33,11 +33,11 @@ from .ops import (  # noqa: E402
     scatter_rows,
     swa_slot_mapping,
 )
-from .prefix_hashing import block_hashes, cache_salt, swa_page_hashes  # noqa: E402
-from .planning import MODEL_PRESETS, plan_kv_layout  # noqa: E402
-from .records import KvPlan, ModelKvSpec, PoolSizes, ServeConfig  # noqa: E402
+from .manager.prefix_hashing import block_hashes, cache_salt, swa_page_hashes  # noqa: E402
+from .plan.planning import MODEL_PRESETS, plan_kv_layout  # noqa: E402
+from .plan.records import KvPlan, ModelKvSpec, PoolSizes, ServeConfig  # noqa: E402
 from .transfer import SequenceExport, gather_sequence, scatter_sequence, transfer_bytes  # noqa: E402
-from .unified_kv import UnifiedKv, allocate_unified_kv  # noqa: E402
+from .plan.unified_kv import UnifiedKv, allocate_unified_kv  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [

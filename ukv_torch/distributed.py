@@ -23,8 +23,8 @@ from typing import List, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from .manager import staged_tables_shape
-from .records import ServeConfig
+from .manager.kv_manager import staged_tables_shape
+from .plan.records import ServeConfig
 
 __all__ = ["Divergence", "TablesDiverged", "broadcast_tables", "check_tables_replicated", "first_divergence",
            "tables_buffer"]

@@ -24,7 +24,7 @@ from typing import List, Optional
 
 import torch
 
-from ._eager import schema_op
+from ._extension.eager import schema_op
 
 __all__ = [
     "csa_translate_pack",

@@ -31,8 +31,8 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from .ops import gather_rows, scatter_rows, swa_slot_mapping
-from .records import KvPlan, ServeConfig
-from .unified_kv import UnifiedKv
+from .plan.records import KvPlan, ServeConfig
+from .plan.unified_kv import UnifiedKv
 
 __all__ = ["SequenceExport", "transfer_bytes", "gather_sequence", "scatter_sequence"]
 

@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "core/coordinator.h"
-#include "core/sizing.h"
+#include "core/slots/coordinator.h"
+#include "core/config/sizing.h"
 
 namespace {
 

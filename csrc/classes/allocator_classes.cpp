@@ -6,7 +6,7 @@
 #include <cctype>
 
 #include "classes/tensor_args.h"
-#include "core/sizing.h"
+#include "core/config/sizing.h"
 #include "ops/core_errors.h"
 
 namespace ukv::ops {

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "core/coordinator.h"
-#include "core/type_pool.h"
+#include "core/slots/coordinator.h"
+#include "core/slots/type_pool.h"
 
 namespace ukv::ops {
 

@@ -1,7 +1,7 @@
 #include "classes/kv_manager_class.h"
 
 #include "classes/tensor_args.h"
-#include "core/staged_tables.h"
+#include "core/manager/staged_tables.h"
 #include "ops/core_errors.h"
 
 namespace ukv::ops {

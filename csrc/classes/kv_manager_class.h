@@ -14,14 +14,14 @@
 #include <tuple>
 #include <vector>
 
-#include "core/kv_manager.h"
+#include "core/manager/kv_manager.h"
 #include "classes/table_stager.h"
 
 namespace ukv::ops {
 
 class KvManagerHolder : public torch::CustomClassHolder {
  public:
-  // config and pools: a serialised ServeConfig and PoolSizes (core/record.h).
+  // config and pools: a serialised ServeConfig and PoolSizes (core/config/record.h).
   KvManagerHolder(std::vector<int64_t> config, std::vector<int64_t> pools, std::string device);
   KvManagerHolder(std::unique_ptr<KvManager> manager, std::string device);
 

@@ -2,7 +2,7 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
-#include "core/row_space.h"
+#include "core/row_space/row_space.h"
 
 #ifdef UKV_WITH_GPU
 #include <c10/cuda/CUDAGraphsC10Utils.h>

@@ -1,7 +1,7 @@
 // TableStager: the persistent staging buffers of the KV manager's per-step
 // tables, at fixed addresses so a captured CUDA/HIP graph can read them.
 //
-// tables: [max_num_seqs, num_tables, columns] int32 (core/staged_tables.h).
+// tables: [max_num_seqs, num_tables, columns] int32 (core/manager/staged_tables.h).
 // copies: [max_copies, 3] int32 row copies (src_row, dst_row, rows) grouped
 //         by phase, and copy_counts [RowSpace::kMaxCopyPhases] int32, the
 //         copies of each phase: the row-space layout's moves, which

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "core/ceil_div.h"
+#include "core/common/ceil_div.h"
 #include "kernels/compat.h"
 #include "kernels/index_params.h"
 

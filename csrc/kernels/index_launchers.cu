@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "core/ceil_div.h"
+#include "core/common/ceil_div.h"
 #include "kernels/csa_translate_pack.cuh"
 #include "kernels/hca_decode_indices.cuh"
 #include "kernels/index_metadata.cuh"

@@ -19,8 +19,8 @@
 #include <limits>
 #include <optional>
 
-#include "core/errors.h"
-#include "core/sizing.h"
+#include "core/common/errors.h"
+#include "core/config/sizing.h"
 
 namespace ukv::ops {
 namespace {

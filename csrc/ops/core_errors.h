@@ -7,7 +7,7 @@
 
 #include <utility>
 
-#include "core/errors.h"
+#include "core/common/errors.h"
 
 namespace ukv::ops {
 

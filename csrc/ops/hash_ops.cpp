@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "core/block_hash.h"
+#include "core/manager/block_hash.h"
 #include "ops/core_errors.h"
 
 namespace ukv::ops {

@@ -1,6 +1,6 @@
 // The prefix cache's keys as dispatcher ops (no tensors), so that a cache
 // router computes from token ids exactly the hashes the manager's KV events
-// carry (core/block_hash.h defines them).
+// carry (core/manager/block_hash.h defines them).
 #pragma once
 
 #include <cstdint>

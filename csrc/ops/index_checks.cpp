@@ -5,8 +5,8 @@
 #include <limits>
 #include <string>
 
-#include "core/errors.h"
-#include "core/sizing.h"
+#include "core/common/errors.h"
+#include "core/config/sizing.h"
 
 namespace ukv::ops {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <c10/util/Exception.h>
 
-#include "core/kv_plan.h"
-#include "core/staged_tables.h"
+#include "core/config/kv_plan.h"
+#include "core/manager/staged_tables.h"
 #include "ops/core_errors.h"
 
 namespace ukv::ops {

@@ -1,7 +1,7 @@
 // The records of the core (ServeConfig, PoolSizes, ModelKvSpec, KvPlan) as
 // dispatcher ops: their field descriptions, from which ukv_torch builds its
 // Python classes, their defaults, and their validation. A record crosses into
-// Python and back in its serialised form (core/record.h).
+// Python and back in its serialised form (core/config/record.h).
 #pragma once
 
 #include <cstdint>

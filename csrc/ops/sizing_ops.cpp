@@ -1,6 +1,6 @@
 #include "ops/sizing_ops.h"
 
-#include "core/sizing.h"
+#include "core/config/sizing.h"
 #include "ops/core_errors.h"
 
 namespace ukv::ops {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/block_hash.h"
+#include "core/manager/block_hash.h"
 
 namespace ukv {
 namespace {

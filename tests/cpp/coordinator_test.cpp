@@ -8,9 +8,9 @@
 #include <random>
 #include <vector>
 
-#include "core/coordinator.h"
-#include "core/errors.h"
-#include "core/sizing.h"
+#include "core/slots/coordinator.h"
+#include "core/common/errors.h"
+#include "core/config/sizing.h"
 
 namespace ukv {
 namespace {

@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "core/errors.h"
-#include "core/kv_manager.h"
+#include "core/common/errors.h"
+#include "core/manager/kv_manager.h"
 
 namespace ukv {
 namespace {

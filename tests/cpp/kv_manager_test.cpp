@@ -6,8 +6,8 @@
 #include <numeric>
 #include <vector>
 
-#include "core/errors.h"
-#include "core/kv_manager.h"
+#include "core/common/errors.h"
+#include "core/manager/kv_manager.h"
 
 namespace ukv {
 namespace {

@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "core/errors.h"
-#include "core/kv_manager.h"
+#include "core/common/errors.h"
+#include "core/manager/kv_manager.h"
 
 namespace ukv {
 namespace {

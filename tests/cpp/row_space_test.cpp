@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "core/errors.h"
-#include "core/row_space.h"
+#include "core/common/errors.h"
+#include "core/row_space/row_space.h"
 
 namespace ukv {
 namespace {

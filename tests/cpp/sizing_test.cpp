@@ -2,8 +2,8 @@
 
 #include <limits>
 
-#include "core/errors.h"
-#include "core/sizing.h"
+#include "core/common/errors.h"
+#include "core/config/sizing.h"
 
 namespace ukv {
 namespace {

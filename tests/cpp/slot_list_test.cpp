@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "core/slot_list.h"
+#include "core/slots/slot_list.h"
 
 namespace ukv {
 namespace {

@@ -4,8 +4,8 @@
 
 #include <vector>
 
-#include "core/errors.h"
-#include "core/type_pool.h"
+#include "core/common/errors.h"
+#include "core/slots/type_pool.h"
 
 namespace ukv {
 namespace {

@@ -10,7 +10,7 @@ from torch.overrides import TorchFunctionMode
 
 import ukv_torch
 from ukv_torch import _C
-from ukv_torch._eager import EagerOp
+from ukv_torch._extension.eager import EagerOp
 from support.devices import DEVICES
 from support.index_calls import op_label, op_of, outputs_of, valid_calls
 

@@ -29,7 +29,7 @@ from hypothesis import given, strategies as st
 from support.fuzz_support import ACCEPTED_ID_LAYOUTS, ACCEPTED_TOKEN_LAYOUTS, ID_LAYOUTS, fuzz_settings, in_layout
 from support.serving import CONFIGS, Serving, config
 from ukv_torch import KvManager, staged_tables_shape
-from ukv_torch.prefix_hashing import salt_arg
+from ukv_torch.manager.prefix_hashing import salt_arg
 
 UNKNOWN_IDS = [-1, 10**6, 2**63 - 1, -(2**63)]
 # Valid salts: the torch class takes each as int64 (salt_arg); bad ones are

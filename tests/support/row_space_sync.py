@@ -4,7 +4,7 @@ Which cached unit the row space evicts to make room depends on where units
 lie, which the model does not predict (ukv_torch.testing.row_space_model).
 After a call in which the manager evicted one, a test carries on from the
 manager's own state (follow_evictions): adopt() decodes its serialized
-state (KvManager::to_state, csrc/core/kv_manager_state.cpp) and sets the
+state (KvManager::to_state, csrc/core/manager/kv_manager_state.cpp) and sets the
 model's from it, so the model predicts the next calls from where the
 manager is.
 """

@@ -10,7 +10,7 @@ import sys
 import time
 
 from .. import ServeConfig
-from ..planning import MODEL_PRESETS, plan_kv_layout
+from ..plan.planning import MODEL_PRESETS, plan_kv_layout
 from . import report
 from .server import Server, ServerConfig
 from .workload import load_jsonl, synthetic

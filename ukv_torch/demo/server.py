@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .. import KvManager, ServeConfig, swa_slot_mapping, table_index
-from ..planning import KvPlan
+from ..plan.planning import KvPlan
 from .content_tags import TokenTags
 from .integrity import IntegrityChecker, Token, ragged
 from .tagged_kv import TaggedKv

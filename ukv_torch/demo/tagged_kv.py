@@ -22,7 +22,7 @@ from typing import List, Sequence
 import torch
 
 from .. import apply_row_copies, bind_compress_view
-from ..planning import KvPlan
+from ..plan.planning import KvPlan
 from .content_tags import CSA_SALT, HCA_SALT, SWA_SALT, layer_salt
 
 ROLE_SALT = {0: SWA_SALT, 4: CSA_SALT, 128: HCA_SALT}

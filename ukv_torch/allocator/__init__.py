@@ -1,0 +1,2 @@
+"""The slot allocator from Python: the seed-compatible drop-ins
+(UnifiedTypePool, UnifiedKvCoordinator, unified_slot_counts) and BatchCalls."""
