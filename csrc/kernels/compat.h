@@ -10,6 +10,8 @@
 
 #if defined(__HIPCC__)
 #include <hip/hip_runtime.h>
+
+#include <atomic>
 #define UKV_GPU_COMPILER 1
 #elif defined(__CUDACC__)
 #include <cuda_runtime.h>
@@ -56,6 +58,31 @@ UKV_DEVICE void after_prior_kernels() {
   cudaGridDependencySynchronize();
   cudaTriggerProgrammaticLaunchCompletion();
 #endif
+}
+#endif
+
+#if defined(UKV_GPU_COMPILER)
+// The current device's multiprocessor (compute unit) count, looked up once
+// per device; 0 if it cannot be read.
+inline int multiprocessor_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices] = {};  // 0: not looked up yet
+  int device = 0;
+#if defined(__HIPCC__)
+  if (hipGetDevice(&device) != hipSuccess || device < 0 || device >= kMaxDevices) return 0;
+#else
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
+#endif
+  int count = known[device].load(std::memory_order_relaxed);
+  if (count == 0) {
+#if defined(__HIPCC__)
+    if (hipDeviceGetAttribute(&count, hipDeviceAttributeMultiprocessorCount, device) != hipSuccess) count = 0;
+#else
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) count = 0;
+#endif
+    known[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
 }
 #endif
 

@@ -305,6 +305,23 @@ def test_apply_row_copies_gpu_matches_cpu():
 
 
 @pytest.mark.gpu
+def test_apply_row_copies_gpu_spreads_large_copies_over_chunks():
+    """What the GPU cuts into chunks of its whole grid: copies of thousands of
+    rows (many chunks each, the last one partial), rows wider than a chunk,
+    and a phase of more entries than a scan pass holds, against the CPU."""
+    rng = random.Random(7)
+    for widths, num_rows, max_rows, max_copies in (((448, 128), 60000, 9000, 6), ((40000,), 64, 5, 8),
+                                                   ((16, 7), 5000, 3, 700)):
+        planes = [torch.randint(0, 256, (num_rows, w), dtype=torch.uint8) for w in widths]
+        case = random_copy_case(rng, num_rows, num_phases=2, max_copies=max_copies, max_rows=max_rows, invalid=False)
+        on_gpu = [p.cuda() for p in planes]
+        counts = torch.tensor(case.counts, dtype=torch.int32)
+        torch.ops.ukv.apply_row_copies.default(planes, copies_tensor(case, "cpu"), counts)
+        torch.ops.ukv.apply_row_copies.default(on_gpu, copies_tensor(case, "cuda"), counts.cuda())
+        assert all(torch.equal(g.cpu(), c) for g, c in zip(on_gpu, planes)), (widths, case.counts)
+
+
+@pytest.mark.gpu
 def test_new_ops_allocate_nothing_and_do_not_sync():
     """The GPU calls enqueue kernels only: no allocation, and they run while
     the stream is captured (a host sync there raises)."""

@@ -257,6 +257,30 @@ def test_gpu_round_trip_matches_the_reference_and_allocates_nothing():
 
 
 @pytest.mark.gpu
+def test_gpu_long_runs_of_strided_rows():
+    """Runs the GPU cuts into chunks of its whole grid: a run of 29K strided
+    rows (every fifth row of a tensor), one of 40K contiguous rows, and short
+    runs beside them, gathered and scattered back, against the CPU."""
+    strided = torch.randint(0, 256, (150000, 448), dtype=torch.uint8)[::5]  # rows 5 * 448 bytes apart
+    rows = [strided, torch.randint(0, 256, (50000, 128), dtype=torch.uint8)]
+    runs, offset = [], 0
+    for tensor, first, count in ((0, 10, 29000), (1, 5000, 40000), (0, 29500, 7), (1, 3, 9)):
+        runs.append([tensor, first, count, offset])
+        offset += count * rows[tensor].shape[1]
+    buffer = torch.zeros(offset, dtype=torch.uint8, device="cuda")
+    sources = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda").copy_(t) for t in rows]
+    runs_t, count = run_tensors(runs, len(runs), "cuda")
+    ukv_torch.gather_rows(sources, runs_t, count, buffer)
+    assert torch.equal(buffer.cpu(), reference_gather(rows, runs, len(runs), offset, fill=0))
+    targets = [torch.zeros_like(s) for s in sources]
+    ukv_torch.scatter_rows(targets, runs_t, count, buffer)
+    for i, t in enumerate(rows):
+        for tensor, first, n, _ in runs:
+            if tensor == i:
+                assert torch.equal(targets[i][first: first + n].cpu(), t[first: first + n])
+
+
+@pytest.mark.gpu
 def test_gpu_graph_replays_read_new_runs_and_counts():
     """Captured once on static run buffers; each replay reads the runs and the count they hold then."""
     tensors = make_tensors("cpu", rows=400)
@@ -286,6 +310,10 @@ def test_gpu_graph_replays_read_new_runs_and_counts():
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_gpu_compiled(mode):
+    """As an engine compiles a step: the buffer and the destination tensors are
+    persistent and marked static (inductor's cudagraphs take no mutated input
+    that is not a static address; KV tensors that are module buffers are static
+    too), and the runs change from call to call."""
     def program(a, b, runs, count, buffer, c, d):
         ukv_torch.gather_rows([a, b], runs, count, buffer)
         ukv_torch.scatter_rows([c, d], runs, count, buffer)
@@ -294,13 +322,19 @@ def test_gpu_compiled(mode):
     torch._dynamo.utils.counters.clear()
     compiled = torch.compile(program, fullgraph=True, mode=mode)
     tensors = make_tensors("cpu", rows=400)[:2]
-    for seed in range(3):
-        runs, nbytes = random_runs(random.Random(seed), tensors, 100)
-        buffer = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
-        targets = [torch.zeros_like(t, device="cuda") for t in tensors]
-        compiled(*on_gpu(tensors), *run_tensors(runs, len(runs), "cuda"), buffer, *targets)
+    cases = [random_runs(random.Random(seed), tensors, 100) for seed in range(3)]
+    buffer = torch.zeros(max(nbytes for _, nbytes in cases), dtype=torch.uint8, device="cuda")
+    targets = [torch.zeros_like(t, device="cuda") for t in tensors]
+    for t in (buffer, *targets):
+        torch._dynamo.mark_static_address(t)
+    for runs, nbytes in cases:
+        buffer.zero_()
+        for t in targets:
+            t.zero_()
+        padded = runs + [[0, 0, 0, 0]] * (100 - len(runs))  # one shape for every call: no recompile
+        compiled(*on_gpu(tensors), *run_tensors(padded, len(runs), "cuda"), buffer, *targets)
         torch.cuda.synchronize()
-        assert torch.equal(buffer.cpu(), reference_gather(tensors, runs, len(runs), nbytes, fill=0))
+        assert torch.equal(buffer[:nbytes].cpu(), reference_gather(tensors, runs, len(runs), nbytes, fill=0))
         for i, t in enumerate(tensors):
             for tensor, first, rows, _ in runs:
                 if tensor == i:
