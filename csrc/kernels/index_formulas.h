@@ -129,29 +129,61 @@ UKV_HOST_DEVICE int32_t hca_causal_count(int32_t pos, int32_t n_committed, int32
   return max_i32(min_i32((pos + 1) / hca_ratio, n_committed), 0);
 }
 
-// The unit of SWA position a of a sequence: the table entry of its page (a
-// page the sequence does not hold is -1 there, read as 0, so a position read
-// by mistake still names a row inside the tensor).
-UKV_HOST_DEVICE int32_t swa_unit(const Table& swa_table, int32_t seq, int32_t a, const Divisor& page) {
-  const int32_t col = min_i32(max_i32(quotient(a, page), 0), swa_table.cols - 1);
-  return max_i32(id_at(table_row(swa_table, seq), col), 0);
+// How a kernel computes SWA rows (SwaRows), chosen once per launch:
+// kPlain, the slot layouts: unit * page + q, one row for every output;
+// kPow2, the row space with a power-of-two page and groups (every
+//   swa_page_tokens and compress ratio in practice): shifts and masks;
+// kGeneral, any constants: multiply-shift divisions (Divisor).
+// In the row space each output has its own rows, and the divisions were most
+// of a cell's instructions (paged decode at T=4096 ran 1.43x the slot form).
+enum class SwaForm { kPlain, kPow2, kGeneral };
+
+UKV_HOST_DEVICE bool is_pow2(const Divisor& d) { return (d.value & (d.value - 1)) == 0; }
+
+// x / d for 0 <= x < 2^31, by a shift where the form guarantees a power of two.
+template <SwaForm kForm>
+UKV_HOST_DEVICE int32_t quotient_in(int32_t x, const Divisor& d) {
+  if (kForm == SwaForm::kPow2) return static_cast<int32_t>(static_cast<uint32_t>(x) >> (d.shift - 31));
+  return quotient(x, d);
 }
 
-// The row of position a in a unit (SwaRows). kPlain: the slot layouts'
-// unit * block_size + a % block_size, without the class arithmetic.
-template <bool kPlain>
-UKV_HOST_DEVICE int32_t swa_row_in(int32_t unit, int32_t a, const SwaRows& r) {
-  const int32_t q = remainder(a, r.page);
-  if (kPlain) return static_cast<int32_t>(static_cast<int64_t>(unit) * r.page.value + q);
-  const int64_t row = static_cast<int64_t>(unit) * r.unit_rows + r.offset +
-                      static_cast<int64_t>(quotient(q, r.group)) * r.group_stride + remainder(q, r.group);
-  return static_cast<int32_t>(row);
+// Where SWA position a lies: its page's column in the table and its place q
+// in that page.
+struct PagePlace {
+  int32_t col;
+  int32_t q;
+};
+
+template <SwaForm kForm>
+UKV_HOST_DEVICE PagePlace page_place(int32_t a, const Divisor& page) {
+  const int32_t col = quotient_in<kForm>(a, page);
+  return {col, static_cast<int32_t>(static_cast<uint32_t>(a) - static_cast<uint32_t>(col) * page.value)};
+}
+
+// The unit of a page column of a sequence's table row (a page the sequence
+// does not hold is -1 there, read as 0, so a position read by mistake still
+// names a row inside the tensor).
+UKV_HOST_DEVICE int32_t swa_unit_at(const TableRow& row, int32_t col, int32_t cols) {
+  return max_i32(id_at(row, min_i32(max_i32(col, 0), cols - 1)), 0);
+}
+
+// The row of place q of a unit (SwaRows), modulo 2^32 like the int32 it is
+// stored as: unit * unit_rows + offset + (q / group) * group_stride + q % group,
+// or unit * page + q in the plain form.
+template <SwaForm kForm>
+UKV_HOST_DEVICE int32_t swa_row_at(int32_t unit, int32_t q, const SwaRows& r) {
+  const uint32_t u = static_cast<uint32_t>(unit), uq = static_cast<uint32_t>(q);
+  if (kForm == SwaForm::kPlain) return static_cast<int32_t>(u * static_cast<uint32_t>(r.page.value) + uq);
+  const uint32_t g = static_cast<uint32_t>(quotient_in<kForm>(q, r.group));
+  const uint32_t within = uq - g * static_cast<uint32_t>(r.group.value);
+  return static_cast<int32_t>(u * static_cast<uint32_t>(r.unit_rows) + static_cast<uint32_t>(r.offset) +
+                              g * static_cast<uint32_t>(r.group_stride) + within);
 }
 
 // unified_kv row of SWA position a of a sequence (relative to the layer's base row).
-template <bool kPlain>
 UKV_HOST_DEVICE int32_t swa_row(const Table& swa_table, int32_t seq, int32_t a, const SwaRows& r) {
-  return swa_row_in<kPlain>(swa_unit(swa_table, seq, a, r.page), a, r);
+  const PagePlace at = page_place<SwaForm::kGeneral>(a, r.page);
+  return swa_row_at<SwaForm::kGeneral>(swa_unit_at(table_row(swa_table, seq), at.col, swa_table.cols), at.q, r);
 }
 
 // unified_kv row of a sequence's compressed entry e (k entries per block):
@@ -283,7 +315,8 @@ UKV_HOST_DEVICE int32_t swa_slot_of(const SwaSlotMappingParams& p, int32_t t) {
   const int32_t col = quotient(pos, p.swa_rows.page);
   if (col >= p.swa_table.cols) return -1;
   const int32_t unit = id_at(table_row(p.swa_table, bid), col);
-  return unit < 0 ? -1 : swa_row_in<false>(unit, pos, p.swa_rows);
+  const int32_t q = static_cast<int32_t>(static_cast<uint32_t>(pos) - static_cast<uint32_t>(col) * p.swa_rows.page.value);
+  return unit < 0 ? -1 : swa_row_at<SwaForm::kGeneral>(unit, q, p.swa_rows);
 }
 
 // Row copies (apply_row_copies): the entries of one phase, [first, first +

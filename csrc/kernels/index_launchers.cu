@@ -33,6 +33,16 @@ bool all_plain(const SwaRows (&rows)[3]) {
          rows[2].page.value == rows[0].page.value;
 }
 
+// Calls launch(std::integral_constant<SwaForm, F>) with the SwaForm of a
+// call's SWA rows (the outputs share rows[0]'s page).
+template <typename Launch>
+gpu::Error with_swa_form(const SwaRows (&rows)[3], const Launch& launch) {
+  if (all_plain(rows)) return launch(std::integral_constant<SwaForm, SwaForm::kPlain>{});
+  if (is_pow2(rows[0].page) && is_pow2(rows[0].group) && is_pow2(rows[1].group) && is_pow2(rows[2].group))
+    return launch(std::integral_constant<SwaForm, SwaForm::kPow2>{});
+  return launch(std::integral_constant<SwaForm, SwaForm::kGeneral>{});
+}
+
 template <int kThreads, int kVectors, SkipSource kSource>
 gpu::Error launch_csa_tiles(const CsaTranslatePackParams& p, gpu::Stream stream) {
   constexpr int32_t kTileCells = kThreads * kVectors * 4;
@@ -83,9 +93,9 @@ gpu::Error launch_paged_decode_indices(const PagedDecodeParams& p, gpu::Stream s
   constexpr int kThreads = 128;
   constexpr int kGroup = 64;
   const int32_t blocks = blocks_of(p.num_tokens, kThreads / kGroup);
-  if (all_plain(p.swa_rows))
-    return gpu::launch(paged_decode_indices_kernel<kThreads, kGroup, true>, blocks, kThreads, stream, p);
-  return gpu::launch(paged_decode_indices_kernel<kThreads, kGroup, false>, blocks, kThreads, stream, p);
+  return with_swa_form(p.swa_rows, [&](auto form) {
+    return gpu::launch(paged_decode_indices_kernel<kThreads, kGroup, form()>, blocks, kThreads, stream, p);
+  });
 }
 
 namespace {
@@ -115,9 +125,9 @@ gpu::Error launch_paged_prefill_indices(const PagedPrefillParams& p, gpu::Stream
   constexpr int kThreads = 128;
   constexpr int kGroup = 64;
   const int32_t blocks = blocks_of(p.num_tokens, kThreads / kGroup);
-  if (all_plain(p.swa_rows))
-    return gpu::launch(paged_prefill_indices_kernel<kThreads, kGroup, true>, blocks, kThreads, stream, p);
-  return gpu::launch(paged_prefill_indices_kernel<kThreads, kGroup, false>, blocks, kThreads, stream, p);
+  return with_swa_form(p.swa_rows, [&](auto form) {
+    return gpu::launch(paged_prefill_indices_kernel<kThreads, kGroup, form()>, blocks, kThreads, stream, p);
+  });
 }
 
 namespace {
@@ -173,24 +183,30 @@ gpu::Error launch_swa_slot_mapping(const SwaSlotMappingParams& p, gpu::Stream st
   return gpu::launch(swa_slot_mapping_kernel<kThreads>, blocks_of(p.num_tokens, kThreads), kThreads, stream, p);
 }
 
-// One launch per phase (the counts are on the device: every phase is
-// launched), each at most kTargetBlocks blocks striding over its entries.
+// The row copies run on a grid that fills the GPU (copy_spans shares every
+// span among all blocks), at most kCopyBlocksPerSm blocks a multiprocessor.
+constexpr int32_t kCopyThreads = 256;
+constexpr int32_t kCopyBlocksPerSm = 4;
+
+int32_t copy_grid() {
+  const int sms = gpu::multiprocessor_count();
+  return sms > 0 ? sms * kCopyBlocksPerSm : kTargetBlocks;
+}
+
+// One launch per phase (the counts are on the device: every phase is launched).
 gpu::Error launch_apply_row_copies(const RowCopyParams& p, gpu::Stream stream) {
   if (p.max_copies == 0 || p.num_planes == 0) return gpu::kSuccess;
-  constexpr int kThreads = 256;
-  const int32_t blocks = std::min(p.max_copies, kTargetBlocks);
   for (int32_t phase = 0; phase < p.num_phases; ++phase) {
-    const gpu::Error err = gpu::launch(apply_row_copies_kernel<kThreads>, blocks, kThreads, stream, p, phase);
+    const gpu::Error err =
+        gpu::launch(apply_row_copies_kernel<kCopyThreads>, copy_grid(), kCopyThreads, stream, p, phase);
     if (err != gpu::kSuccess) return err;
   }
   return gpu::kSuccess;
 }
 
-// At most kTargetBlocks blocks striding over the runs (their count is on the device).
 gpu::Error launch_transfer_rows(const RowTransferParams& p, gpu::Stream stream) {
   if (p.max_runs == 0 || p.num_tensors == 0) return gpu::kSuccess;
-  constexpr int kThreads = 256;
-  return gpu::launch(transfer_rows_kernel<kThreads>, std::min(p.max_runs, kTargetBlocks), kThreads, stream, p);
+  return gpu::launch(transfer_rows_kernel<kCopyThreads>, copy_grid(), kCopyThreads, stream, p);
 }
 
 }  // namespace ukv::kernels

@@ -8,8 +8,8 @@
 // One group of kGroup threads per token, several tokens per block (a window
 // is 128 cells: half a block's worth of work would idle); a window position's
 // unit is looked up once and its row stored into every requested buffer
-// (kPlain: the same row in all, the slot layouts; else each output's layer
-// class has its own rows in the unit). Consecutive threads write consecutive
+// (SwaForm::kPlain: the same row in all, the slot layouts; else each
+// output's layer class has its own rows in the unit). Consecutive threads write consecutive
 // cells.
 #pragma once
 
@@ -24,7 +24,7 @@ namespace ukv::kernels {
 // Every per-token load is issued before any is used (a padding token is not
 // an early return but a window of 0), so the only wait before the table
 // lookups is one memory round trip.
-template <int kThreads, int kGroup, bool kPlain>
+template <int kThreads, int kGroup, SwaForm kForm>
 __global__ void paged_decode_indices_kernel(PagedDecodeParams p) {
   gpu::after_prior_kernels();
   const ThreadGroup g = thread_group<kThreads, kGroup>();
@@ -41,16 +41,19 @@ __global__ void paged_decode_indices_kernel(PagedDecodeParams p) {
   const int64_t csa_end = with_csa ? p.csa.indptr[t + 1] : 0;
   const int64_t hca_end = with_hca ? p.hca.indptr[t + 1] : 0;
 
-  const int32_t n = is_real_token(bid, p.swa_table.rows) ? swa_window_count(pos, p.window) : 0;
+  const bool real = is_real_token(bid, p.swa_table.rows);
+  const int32_t n = real ? swa_window_count(pos, p.window) : 0;
   const int32_t first = pos - n + 1;
+  const TableRow units = table_row(p.swa_table, real ? bid : 0);
+  constexpr bool kPlain = kForm == SwaForm::kPlain;
 #pragma unroll 2
   for (int32_t i = g.lane; i < n; i += kGroup) {
-    const int32_t a = first + i;
-    const int32_t unit = swa_unit(p.swa_table, bid, a, p.swa_rows[0].page);
-    const int32_t row = swa_row_in<kPlain>(unit, a, p.swa_rows[0]);
+    const PagePlace at = page_place<kForm>(first + i, p.swa_rows[0].page);
+    const int32_t unit = swa_unit_at(units, at.col, p.swa_table.cols);
+    const int32_t row = swa_row_at<kForm>(unit, at.q, p.swa_rows[0]);
     store_in_slice(p.swa, swa_bounds, swa_end - n + i, row);
-    if (with_csa) store_in_slice(p.csa, csa_bounds, csa_end - n + i, kPlain ? row : swa_row_in<false>(unit, a, p.swa_rows[1]));
-    if (with_hca) store_in_slice(p.hca, hca_bounds, hca_end - n + i, kPlain ? row : swa_row_in<false>(unit, a, p.swa_rows[2]));
+    if (with_csa) store_in_slice(p.csa, csa_bounds, csa_end - n + i, kPlain ? row : swa_row_at<kForm>(unit, at.q, p.swa_rows[1]));
+    if (with_hca) store_in_slice(p.hca, hca_bounds, hca_end - n + i, kPlain ? row : swa_row_at<kForm>(unit, at.q, p.swa_rows[2]));
   }
 }
 

@@ -25,7 +25,7 @@
 
 namespace ukv::kernels {
 
-template <int kThreads, int kGroup, bool kPlain>
+template <int kThreads, int kGroup, SwaForm kForm>
 __global__ void paged_prefill_indices_kernel(PagedPrefillParams p) {
   gpu::after_prior_kernels();
   const ThreadGroup g = thread_group<kThreads, kGroup>();
@@ -51,14 +51,16 @@ __global__ void paged_prefill_indices_kernel(PagedPrefillParams p) {
             g.lane, kGroup);
 
   const int64_t csa_tail = csa_end - w.prefix_swa_count;
+  const TableRow units = table_row(p.swa_table, bid);
+  constexpr bool kPlain = kForm == SwaForm::kPlain;
 #pragma unroll 2
   for (int32_t i = g.lane; i < w.prefix_swa_count; i += kGroup) {
-    const int32_t a = w.swa_low + i;
-    const int32_t unit = swa_unit(p.swa_table, bid, a, p.swa_rows[0].page);
-    const int32_t row = swa_row_in<kPlain>(unit, a, p.swa_rows[0]);
+    const PagePlace at = page_place<kForm>(w.swa_low + i, p.swa_rows[0].page);
+    const int32_t unit = swa_unit_at(units, at.col, p.swa_table.cols);
+    const int32_t row = swa_row_at<kForm>(unit, at.q, p.swa_rows[0]);
     store_in_slice(p.swa, swa_bounds, swa_begin + i, row);
-    store_in_slice(p.csa, csa_bounds, csa_tail + i, kPlain ? row : swa_row_in<false>(unit, a, p.swa_rows[1]));
-    store_in_slice(p.hca, hca_bounds, hca_begin + i, kPlain ? row : swa_row_in<false>(unit, a, p.swa_rows[2]));
+    store_in_slice(p.csa, csa_bounds, csa_tail + i, kPlain ? row : swa_row_at<kForm>(unit, at.q, p.swa_rows[1]));
+    store_in_slice(p.hca, hca_bounds, hca_begin + i, kPlain ? row : swa_row_at<kForm>(unit, at.q, p.swa_rows[2]));
   }
 
   const TableRow hca_row = table_row(p.hca_table, bid);
@@ -66,9 +68,9 @@ __global__ void paged_prefill_indices_kernel(PagedPrefillParams p) {
     return compress_row(hca_row, e, p.hca_rows_per_block, p.hca_block_stride, p.compress_base);
   };
   const int64_t hca_start = hca_begin + w.prefix_swa_count;
-  if (p.hca_rows_per_block.value == 1 && p.hca_block_stride == 1 && hca_row.col_stride == 1) {
+  if (p.hca_rows_per_block.value == 1 && hca_row.col_stride == 1) {
     // n_hca <= cols (prefill_hca_count), so every group lies inside the row.
-    const auto group_at = [&](int32_t e) { return unit_k_group(hca_row, e, p.compress_base); };
+    const auto group_at = [&](int32_t e) { return unit_k_group(hca_row, e, p.hca_block_stride, p.compress_base); };
     store_run(p.hca, hca_bounds, hca_start, n_hca, row_of_entry, group_at, g.lane, kGroup);
   } else {
     store_run(p.hca, hca_bounds, hca_start, n_hca, row_of_entry, g.lane, kGroup);

@@ -60,12 +60,14 @@ UKV_DEVICE void store_run(const SlicedOutput& out, const SliceBounds& bounds, in
 }
 
 // compress_row of entries e .. e + 3 when k = 1 and the row is contiguous:
-// base + data[e + j], read with the two 16-byte loads that cover them instead
-// of four scalar ones (paged_prefill's HCA runs, up to a context / 128
-// entries per token, are such runs). The caller guarantees
+// base + data[e + j] * block_stride (1 in the slot layouts, the envelope in
+// the row space), read with the two 16-byte loads that cover them instead of
+// four scalar ones (paged_prefill's HCA runs, up to a context / 128 entries
+// per token, are such runs; four scalar loads a lane left 56% of the row
+// space's L2 sectors unused). The caller guarantees
 // e >= 0 and e + 3 < row.cols; a load that would pass the row's last whole
 // 16-byte group, or a row that does not start on one, falls back to scalars.
-UKV_DEVICE int4 unit_k_group(const TableRow& row, int32_t e, int32_t compress_base) {
+UKV_DEVICE int4 unit_k_group(const TableRow& row, int32_t e, int32_t block_stride, int32_t compress_base) {
   const uint32_t base = static_cast<uint32_t>(compress_base);
   const int32_t shift = e & 3;
   const int32_t q = e >> 2;
@@ -87,10 +89,11 @@ UKV_DEVICE int4 unit_k_group(const TableRow& row, int32_t e, int32_t compress_ba
 #pragma unroll
     for (int j = 0; j < 4; ++j) v[j] = data[e + j];
   }
-  return make_int4(static_cast<int32_t>(base + static_cast<uint32_t>(v[0])),
-                   static_cast<int32_t>(base + static_cast<uint32_t>(v[1])),
-                   static_cast<int32_t>(base + static_cast<uint32_t>(v[2])),
-                   static_cast<int32_t>(base + static_cast<uint32_t>(v[3])));
+  const uint32_t stride = static_cast<uint32_t>(block_stride);
+  return make_int4(static_cast<int32_t>(base + static_cast<uint32_t>(v[0]) * stride),
+                   static_cast<int32_t>(base + static_cast<uint32_t>(v[1]) * stride),
+                   static_cast<int32_t>(base + static_cast<uint32_t>(v[2]) * stride),
+                   static_cast<int32_t>(base + static_cast<uint32_t>(v[3]) * stride));
 }
 
 }  // namespace ukv::kernels

@@ -55,7 +55,7 @@ struct CpuBackend {
         const SliceBounds bounds = slice_bounds(out, t);
         const int64_t tail = out.indptr[t + 1] - n;
         for (int32_t i = 0; i < n; ++i)
-          store_in_slice(out, bounds, tail + i, swa_row<false>(p.swa_table, bid, pos - n + 1 + i, p.swa_rows[o]));
+          store_in_slice(out, bounds, tail + i, swa_row(p.swa_table, bid, pos - n + 1 + i, p.swa_rows[o]));
       }
     });
   }
@@ -91,9 +91,9 @@ struct CpuBackend {
       const int64_t csa_tail = p.csa.indptr[t + 1] - w.prefix_swa_count;
       for (int32_t i = 0; i < w.prefix_swa_count; ++i) {
         const int32_t a = w.swa_low + i;
-        store_in_slice(p.swa, swa_bounds, p.swa.indptr[t] + i, swa_row<false>(p.swa_table, bid, a, p.swa_rows[0]));
-        store_in_slice(p.csa, csa_bounds, csa_tail + i, swa_row<false>(p.swa_table, bid, a, p.swa_rows[1]));
-        store_in_slice(p.hca, hca_bounds, p.hca.indptr[t] + i, swa_row<false>(p.swa_table, bid, a, p.swa_rows[2]));
+        store_in_slice(p.swa, swa_bounds, p.swa.indptr[t] + i, swa_row(p.swa_table, bid, a, p.swa_rows[0]));
+        store_in_slice(p.csa, csa_bounds, csa_tail + i, swa_row(p.swa_table, bid, a, p.swa_rows[1]));
+        store_in_slice(p.hca, hca_bounds, p.hca.indptr[t] + i, swa_row(p.swa_table, bid, a, p.swa_rows[2]));
       }
 
       const int32_t n_hca = prefill_hca_count(p, pos, bid);
