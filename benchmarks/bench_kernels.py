@@ -40,6 +40,13 @@ import torch
 
 import ukv_torch
 
+try:  # the upstream Triton kernels, timed beside the ops where Triton and a GPU are there
+    import triton_reference
+    if not triton_reference.available():
+        triton_reference = None
+except ImportError:
+    triton_reference = None
+
 TOPK, WINDOW, BS, CSA_RATIO, HCA_RATIO = 1024, 128, 128, 4, 128
 CSA_K, HCA_K = BS // CSA_RATIO, BS // HCA_RATIO
 
@@ -244,7 +251,7 @@ def composite_slot_mapping(d, out, rows):
     real = d["batch_id"] >= 0
     b = d["batch_id"].clamp(min=0).long()
     zero = torch.zeros(1, dtype=torch.int64, device=out.device)
-    page = d["row_space"].page
+    page = BS if d["row_space"] is None else d["row_space"].page
     held = d["swa_table"][b, (d["positions"] // page).clamp(max=d["swa_table"].shape[1] - 1)] >= 0
     row = swa_rows(d["swa_table"], b, d["positions"], zero, rows)[:, 0]
     out.copy_(torch.where(real & held, row, -1).to(torch.int32))
@@ -299,6 +306,10 @@ class Case:
     result: Dict[str, float] = field(default_factory=dict)
     # A plain tensor copy of the bytes the op moves (read + written = bytes_moved), timed beside it.
     same_bytes_copy: Optional[Callable[[], None]] = None
+    # The upstream Triton kernel on the same inputs (benchmarks/triton_reference.py), and its outputs
+    # (compared with the op's before timing).
+    triton_run: Optional[Callable[[], None]] = None
+    triton_outputs: Optional[Callable[[], List[torch.Tensor]]] = None
 
 
 def csa_case(label, d, prefill):
@@ -328,9 +339,16 @@ def paged_decode_case(label, d):
                                        block_size=BS, swa_rows=class_rows(d, "swa"), csa_swa_rows=class_rows(d, "csa"),
                                        hca_swa_rows=class_rows(d, "hca"))
 
-    return Case("paged_decode_indices", label, d["batch_id"].numel(), 16 * cells, run_op,
+    case = Case("paged_decode_indices", label, d["batch_id"].numel(), 16 * cells, run_op,
                 lambda: composite_paged_decode(d, [(d[n + "_indptr"], o) for n, o in zip(names, ref_outs)]),
                 lambda: ([o[:-1] for o in op_outs], [o[:-1] for o in ref_outs]))
+    if triton_reference is not None and d["row_space"] is None:
+        tri_outs = [buffer(d[n + "_indptr"]) for n in names]
+        case.triton_run = lambda: triton_reference.paged_decode(
+            d["swa_table"], d["positions"], d["batch_id"], d["swa_indptr"], tri_outs[0], d["csa_indptr"], tri_outs[1],
+            d["hca_indptr"], tri_outs[2], window=WINDOW, block_size=BS)
+        case.triton_outputs = lambda: [o[:-1] for o in tri_outs]
+    return case
 
 
 def hca_decode_case(label, d):
@@ -363,9 +381,17 @@ def paged_prefill_case(label, d):
 
     # Only the prefill op's cells of the CSA buffer (its SWA tails) are compared;
     # both sides leave the top-k heads at zero.
-    return Case("paged_prefill_indices", label, d["batch_id"].numel(), bytes_moved, run_op,
+    case = Case("paged_prefill_indices", label, d["batch_id"].numel(), bytes_moved, run_op,
                 lambda: composite_paged_prefill(d, ref_outs),
                 lambda: ([o[:-1] for o in op_outs], [o[:-1] for o in ref_outs]))
+    if triton_reference is not None and d["row_space"] is None:
+        tri_outs = [buffer(d[n + "_indptr"]) for n in names]
+        case.triton_run = lambda: triton_reference.paged_prefill(
+            d["positions"], d["batch_id"], d["chunk_start"], d["query_start"], d["n_hca"], d["swa_table"],
+            d["hca_table"], d["extend_indptr"], d["swa_indptr"], d["csa_indptr"], d["hca_indptr"], *tri_outs,
+            window=WINDOW, block_size=BS, hca_ratio=HCA_RATIO)
+        case.triton_outputs = lambda: [o[:-1] for o in tri_outs]
+    return case
 
 
 def decode_metadata_case(label, d):
@@ -512,6 +538,8 @@ def build_cases(device, quick):
         cases.append(decode_metadata_case(f"decode T={t}", dec(t, 32)))
     cases.append(prefill_metadata_case("prefill 1 seq 8K chunk at 0", pre(8192, 0)))
     cases.append(prefill_metadata_case("prefill 1 seq 16K chunk at 112K", pre(16384, 112)))
+    cases.append(slot_mapping_case("decode T=512", dec(512, 32)))
+    cases.append(slot_mapping_case("prefill 1 seq 8K chunk at 0", pre(8192, 0)))
     return cases + row_space_cases(device, gen, scale)
 
 
@@ -654,10 +682,40 @@ def check(case: Case):
     for a, b in zip(ours, theirs):
         if not torch.equal(a, b):
             raise AssertionError(f"{case.op} [{case.label}]: op and composite disagree")
+    if case.triton_run is not None:
+        case.triton_run()
+        if not all(torch.equal(a, b) for a, b in zip(ours, case.triton_outputs())):
+            # Reported, not raised: the reference is not the product, and the op agrees with the composite.
+            print(f"{case.op} [{case.label}]: the upstream Triton kernel gives other indices; not timed",
+                  file=sys.stderr)
+            case.triton_run = None
 
 
 def fmt(v, digits=2):
     return "-" if v is None else f"{v:.{digits}f}"
+
+
+def print_against_slot_and_triton(rows):
+    """The row-space forms beside their slot forms and beside upstream's Triton
+    kernel (timed on the slot form's inputs of the same shape), graph replay."""
+    by_case = {(row["op"], row["case"]): row for row in rows}
+    lines = []
+    for row in rows:
+        if not row["case"].endswith(ROW_SPACE):
+            continue
+        slot = by_case.get((row["op"], row["case"].removesuffix(ROW_SPACE)))
+        if slot is None or row.get("graph_us") is None:
+            continue
+        tri = slot.get("triton_graph_us")
+        lines.append(f"| {row['op']} | {row['case']} | {fmt(row['graph_us'])} | {fmt(slot['graph_us'])} | "
+                     f"{fmt(row['graph_us'] / slot['graph_us'], 3)} | {fmt(tri)} | "
+                     f"{fmt(None if tri is None else tri / row['graph_us'], 2)} | "
+                     f"{fmt(None if tri is None else tri / slot['graph_us'], 2)} |")
+    if lines:
+        print("\nRow space against the slot form and upstream's Triton kernel (graph us, same run):\n")
+        print("| op | case | row space | slot form | row / slot | Triton | Triton / row space | Triton / slot |")
+        print("|---|---|---|---|---|---|---|---|")
+        print("\n".join(lines))
 
 
 def main(argv=None):
@@ -704,6 +762,9 @@ def main(argv=None):
             r["same_bytes_copy_us"] = (time_graph(case.same_bytes_copy, iters) if device.type == "cuda"
                                        else time_eager(case.same_bytes_copy, iters, device))
             r["same_bytes_copy_gb_per_s"] = case.bytes_moved / (r["same_bytes_copy_us"] * 1e-6) / 1e9
+        if case.triton_run is not None and device.type == "cuda":
+            r["triton_graph_us"] = time_graph(case.triton_run, iters)
+            r["triton_eager_us"] = time_eager(case.triton_run, iters, device)
         best = r.get("graph_us", r["eager_us"])
         r["mb_moved"] = case.bytes_moved / 1e6
         r["gb_per_s"] = case.bytes_moved / (best * 1e-6) / 1e9
@@ -739,6 +800,7 @@ def main(argv=None):
                   f"{fmt(row['gb_per_s'], 0)} | {fmt(row['same_bytes_copy_us'])} | "
                   f"{fmt(row['same_bytes_copy_gb_per_s'], 0)} | "
                   f"{fmt(100 * row['same_bytes_copy_us'] / best, 0)} |")
+    print_against_slot_and_triton(rows)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": str(device), "torch": torch.__version__, "copy_gb_per_s": copy_gbs, **floor,
