@@ -33,7 +33,10 @@ python3 -c "import torch; print('torch', torch.__version__)" >>"$OUT/summary.txt
 git rev-parse --short HEAD >>"$OUT/summary.txt" 2>/dev/null
 stage build python3 -m pip install --no-build-isolation --no-deps -e . -q || exit 1
 SANITIZED="tests/index_ops/test_index_steps.py tests/index_ops/test_index_ops.py tests/index_ops/test_index_robustness.py
-  tests/manager/test_kv_manager_gpu.py"
+  tests/manager/test_kv_manager_gpu.py tests/index_ops/test_row_space_ops.py tests/transfer/test_row_transfer_ops.py
+  tests/integration/test_row_space_step_graph.py"
+RACECHECKED="tests/index_ops/test_index_robustness.py tests/manager/test_kv_manager_gpu.py tests/index_ops/test_row_space_ops.py
+  tests/transfer/test_row_transfer_ops.py"
 for s in "$@"; do
   case $s in
     tests) stage tests python3 -m pytest -q -m gpu tests ;;
@@ -45,8 +48,7 @@ for s in "$@"; do
     demo) stage demo python3 -m ukv_torch.demo --device cuda --json --plot "$OUT/demo_cuda.png" ;;
     sanitize)
       stage memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu $SANITIZED
-      stage racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m pytest -q -m gpu \
-        tests/index_ops/test_index_robustness.py tests/manager/test_kv_manager_gpu.py ;;
+      stage racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m pytest -q -m gpu $RACECHECKED ;;
     tp)
       stage tp python3 -m torch.distributed.run --standalone --nproc_per_node="$(nvidia-smi -L | wc -l)" \
         tests/integration/tp_consistency.py --steps 2000 --json
