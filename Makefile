@@ -104,6 +104,7 @@ bench: build cpp-test
 	$(PYTHON) benchmarks/bench_manager.py
 	@$(PYTHON) -c "import matplotlib" 2>/dev/null || $(PIP) install -q matplotlib
 	$(PYTHON) benchmarks/capacity.py --plot benchmarks/capacity.png
+	$(PYTHON) benchmarks/capacity.py --sweep --out benchmarks/capacity_sweep.md
 
 SOAK_OPS ?= 10000000
 soak: build
