@@ -167,18 +167,52 @@ UKV_HOST_DEVICE int32_t swa_unit_at(const TableRow& row, int32_t col, int32_t co
   return max_i32(id_at(row, min_i32(max_i32(col, 0), cols - 1)), 0);
 }
 
-// The row of place q of a unit (SwaRows), modulo 2^32 like the int32 it is
-// stored as: unit * unit_rows + offset + (q / group) * group_stride + q % group,
-// or unit * page + q in the plain form.
+// Where place q of a unit lies in it (SwaRows): offset + (q / group) *
+// group_stride + q % group, or q in the plain form.
+template <SwaForm kForm>
+UKV_HOST_DEVICE uint32_t place_offset(int32_t q, const SwaRows& r) {
+  const uint32_t uq = static_cast<uint32_t>(q);
+  if (kForm == SwaForm::kPlain) return uq;
+  const uint32_t g = static_cast<uint32_t>(quotient_in<kForm>(q, r.group));
+  return static_cast<uint32_t>(r.offset) + g * static_cast<uint32_t>(r.group_stride) +
+         (uq - g * static_cast<uint32_t>(r.group.value));
+}
+
+// The first row of a unit (unit * unit_rows, or unit * page in the plain form).
+template <SwaForm kForm>
+UKV_HOST_DEVICE uint32_t unit_first_row(int32_t unit, const SwaRows& r) {
+  return static_cast<uint32_t>(unit) * static_cast<uint32_t>(kForm == SwaForm::kPlain ? r.page.value : r.unit_rows);
+}
+
+// The row of place q of a unit, modulo 2^32 like the int32 it is stored as.
 template <SwaForm kForm>
 UKV_HOST_DEVICE int32_t swa_row_at(int32_t unit, int32_t q, const SwaRows& r) {
-  const uint32_t u = static_cast<uint32_t>(unit), uq = static_cast<uint32_t>(q);
-  if (kForm == SwaForm::kPlain) return static_cast<int32_t>(u * static_cast<uint32_t>(r.page.value) + uq);
-  const uint32_t g = static_cast<uint32_t>(quotient_in<kForm>(q, r.group));
-  const uint32_t within = uq - g * static_cast<uint32_t>(r.group.value);
-  return static_cast<int32_t>(u * static_cast<uint32_t>(r.unit_rows) + static_cast<uint32_t>(r.offset) +
-                              g * static_cast<uint32_t>(r.group_stride) + within);
+  return static_cast<int32_t>(unit_first_row<kForm>(unit, r) + place_offset<kForm>(q, r));
 }
+
+// The rows of one SWA position in each output of an index op (its class's
+// SwaRows; one page and unit size among them). A thread visits positions
+// kGroup apart; where the page divides kGroup (pages of 32 and 64) they all
+// have the same place in their page, so the places' offsets are computed once
+// per token and a cell costs one multiply-add per output, as in the plain form.
+// (The plain form has one row for every output and keeps nothing.)
+template <SwaForm kForm, int kOutputs>
+struct SwaRowsOfPlace {
+  const SwaRows* rows;
+  int32_t q = -1;
+  uint32_t offset[kOutputs] = {};
+
+  UKV_HOST_DEVICE void at(int32_t place) {
+    if (kForm == SwaForm::kPlain) {  // one row for all outputs, and nothing worth keeping
+      offset[0] = static_cast<uint32_t>(place);
+      return;
+    }
+    if (place == q) return;
+    q = place;
+    for (int k = 0; k < kOutputs; ++k) offset[k] = place_offset<kForm>(place, rows[k]);
+  }
+  UKV_HOST_DEVICE int32_t row(int k, uint32_t first_row) const { return static_cast<int32_t>(first_row + offset[k]); }
+};
 
 // unified_kv row of SWA position a of a sequence (relative to the layer's base row).
 UKV_HOST_DEVICE int32_t swa_row(const Table& swa_table, int32_t seq, int32_t a, const SwaRows& r) {

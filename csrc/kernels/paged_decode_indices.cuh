@@ -46,14 +46,16 @@ __global__ void paged_decode_indices_kernel(PagedDecodeParams p) {
   const int32_t first = pos - n + 1;
   const TableRow units = table_row(p.swa_table, real ? bid : 0);
   constexpr bool kPlain = kForm == SwaForm::kPlain;
+  SwaRowsOfPlace<kForm, 3> place{p.swa_rows};
 #pragma unroll 2
   for (int32_t i = g.lane; i < n; i += kGroup) {
     const PagePlace at = page_place<kForm>(first + i, p.swa_rows[0].page);
-    const int32_t unit = swa_unit_at(units, at.col, p.swa_table.cols);
-    const int32_t row = swa_row_at<kForm>(unit, at.q, p.swa_rows[0]);
+    const uint32_t unit_row = unit_first_row<kForm>(swa_unit_at(units, at.col, p.swa_table.cols), p.swa_rows[0]);
+    place.at(at.q);
+    const int32_t row = place.row(0, unit_row);
     store_in_slice(p.swa, swa_bounds, swa_end - n + i, row);
-    if (with_csa) store_in_slice(p.csa, csa_bounds, csa_end - n + i, kPlain ? row : swa_row_at<kForm>(unit, at.q, p.swa_rows[1]));
-    if (with_hca) store_in_slice(p.hca, hca_bounds, hca_end - n + i, kPlain ? row : swa_row_at<kForm>(unit, at.q, p.swa_rows[2]));
+    if (with_csa) store_in_slice(p.csa, csa_bounds, csa_end - n + i, kPlain ? row : place.row(1, unit_row));
+    if (with_hca) store_in_slice(p.hca, hca_bounds, hca_end - n + i, kPlain ? row : place.row(2, unit_row));
   }
 }
 

@@ -53,14 +53,16 @@ __global__ void paged_prefill_indices_kernel(PagedPrefillParams p) {
   const int64_t csa_tail = csa_end - w.prefix_swa_count;
   const TableRow units = table_row(p.swa_table, bid);
   constexpr bool kPlain = kForm == SwaForm::kPlain;
+  SwaRowsOfPlace<kForm, 3> place{p.swa_rows};
 #pragma unroll 2
   for (int32_t i = g.lane; i < w.prefix_swa_count; i += kGroup) {
     const PagePlace at = page_place<kForm>(w.swa_low + i, p.swa_rows[0].page);
-    const int32_t unit = swa_unit_at(units, at.col, p.swa_table.cols);
-    const int32_t row = swa_row_at<kForm>(unit, at.q, p.swa_rows[0]);
+    const uint32_t unit_row = unit_first_row<kForm>(swa_unit_at(units, at.col, p.swa_table.cols), p.swa_rows[0]);
+    place.at(at.q);
+    const int32_t row = place.row(0, unit_row);
     store_in_slice(p.swa, swa_bounds, swa_begin + i, row);
-    store_in_slice(p.csa, csa_bounds, csa_tail + i, kPlain ? row : swa_row_at<kForm>(unit, at.q, p.swa_rows[1]));
-    store_in_slice(p.hca, hca_bounds, hca_begin + i, kPlain ? row : swa_row_at<kForm>(unit, at.q, p.swa_rows[2]));
+    store_in_slice(p.csa, csa_bounds, csa_tail + i, kPlain ? row : place.row(1, unit_row));
+    store_in_slice(p.hca, hca_bounds, hca_begin + i, kPlain ? row : place.row(2, unit_row));
   }
 
   const TableRow hca_row = table_row(p.hca_table, bid);
