@@ -20,6 +20,15 @@
 #define UKV_GPU_COMPILER 1
 #endif
 
+// A kernel of kThreads threads that must fit `blocks` blocks a multiprocessor
+// (nvcc caps its registers to fit). hipcc reads a second argument as
+// something else (waves per execution unit), so there it is left out.
+#if defined(__HIPCC__)
+#define UKV_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads)
+#elif defined(__CUDACC__)
+#define UKV_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+#endif
+
 #if defined(UKV_GPU_COMPILER)
 #define UKV_HOST_DEVICE __host__ __device__ __forceinline__
 #define UKV_DEVICE __device__ __forceinline__

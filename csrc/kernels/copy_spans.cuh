@@ -2,25 +2,27 @@
 // scatter_rows. A list holds spans: `rows` rows of row_bytes bytes, read
 // from_stride bytes apart and written to_stride bytes apart.
 //
-// Every block of the grid takes part in every span. Spans are cut into chunks
-// of about kChunkBytes, the chunks are numbered across the list, and block b
-// copies chunks b, b + G, b + 2G, ... (G blocks). With one block per span, a
-// step that moves 16 units kept 16 multiprocessors busy and reached 9% of the
-// device copy bandwidth; chunks spread any list, a few large spans or many
-// small ones, over the whole GPU. The numbering is a scan of the chunk counts
-// of kThreads spans at a time (block_scan.cuh), which every block does alike,
-// so no block waits on another.
+// Every block copies an equal share of the list's bytes: the spans laid end
+// to end form one byte range, and block b of G copies [b * total / G,
+// (b + 1) * total / G) of it, whichever spans that covers. With one block
+// per span instead, a step that moved 16 units kept 16 multiprocessors busy
+// (9% of the device copy bandwidth), and a sequence's runs of unequal sizes
+// left most blocks idle behind the largest. Each block finds its share from
+// the sums of span bytes: thread t sums the spans of one contiguous group,
+// a scan over the threads gives every group's end, a binary search the
+// group where the block's share starts. No block waits on another.
 //
-// A chunk is copied by its whole block in 16-byte vectors where both sides
-// and the row size are 16-byte aligned (else byte by byte), kUnroll vectors a
-// thread in flight at once; contiguous spans (both strides equal to the row
-// size) are copied as one flat range with no per-vector division.
+// A share is copied in 16-byte vectors where both sides and the row size are
+// 16-byte aligned (else byte by byte; the split points are rounded to the
+// unit, the same way by the two blocks that meet there), four vectors in
+// flight a thread; contiguous spans (both strides equal to the row size) as
+// one flat range, without a division per vector.
 #pragma once
 
 #include <cstdint>
 
-#include "kernels/block_scan.cuh"
 #include "kernels/compat.h"
+#include "kernels/index_formulas.h"
 
 namespace ukv::kernels {
 
@@ -33,110 +35,100 @@ struct CopySpan {
   int64_t row_bytes;
 };
 
-constexpr int64_t kChunkBytes = 32 << 10;
-// At most this many chunks a span (larger spans get larger chunks), so the
-// uint32 chunk numbering of kThreads spans never wraps.
-constexpr int64_t kMaxChunksPerSpan = 1 << 22;
 constexpr int32_t kCopyUnroll = 4;
+// Blocks a multiprocessor the copy kernels are sized for (and fit: their
+// registers are capped to).
+constexpr int32_t kCopyBlocksPerSm = 4;
 
-UKV_DEVICE int64_t chunk_rows_of(const CopySpan& s) {
-  const int64_t by_bytes = kChunkBytes / s.row_bytes > 0 ? kChunkBytes / s.row_bytes : 1;
-  const int64_t by_count = (s.rows + kMaxChunksPerSpan - 1) / kMaxChunksPerSpan;
-  return by_bytes > by_count ? by_bytes : by_count;
+UKV_DEVICE uint64_t span_bytes(const CopySpan& s) {
+  return s.rows > 0 ? static_cast<uint64_t>(s.rows) * static_cast<uint64_t>(s.row_bytes) : 0;
 }
 
-// n units of kUnit bytes from `from` to `to`, unit i of row i / per_row at
-// column i % per_row (per_row == 0: one flat range).
+// Units [first, first + n) of a span's rows, in units of sizeof(Unit) bytes:
+// unit i lies in row i / per_row at column i % per_row (flat: one range). The
+// indices start at the share's first row, so they fit 32 bits.
 template <int kThreads, typename Unit>
-UKV_DEVICE void copy_units(const uint8_t* from, int64_t from_stride, uint8_t* to, int64_t to_stride, uint32_t n,
-                           uint32_t per_row) {
-  const auto from_at = [&](uint32_t i) -> const Unit* {
-    if (per_row == 0) return reinterpret_cast<const Unit*>(from) + i;
-    const uint32_t r = i / per_row;
-    return reinterpret_cast<const Unit*>(from + r * from_stride) + (i - r * per_row);
+UKV_DEVICE void copy_units(const CopySpan& s, uint64_t first, uint64_t n, bool flat) {
+  const uint64_t per_row = static_cast<uint64_t>(s.row_bytes) / sizeof(Unit);
+  const uint64_t first_row = flat ? 0 : first / per_row;
+  const uint32_t skip = static_cast<uint32_t>(flat ? 0 : first - first_row * per_row);
+  const uint8_t* from = s.from + (flat ? static_cast<int64_t>(first * sizeof(Unit))
+                                       : static_cast<int64_t>(first_row) * s.from_stride);
+  uint8_t* to = s.to + (flat ? static_cast<int64_t>(first * sizeof(Unit)) : static_cast<int64_t>(first_row) * s.to_stride);
+  const uint32_t end = skip + static_cast<uint32_t>(n), row_units = static_cast<uint32_t>(per_row);
+  const auto source = [&](uint32_t i) -> const Unit* {
+    if (flat) return reinterpret_cast<const Unit*>(from) + i;
+    const uint32_t r = i / row_units;
+    return reinterpret_cast<const Unit*>(from + r * s.from_stride) + (i - r * row_units);
   };
-  const auto to_at = [&](uint32_t i) -> Unit* {
-    if (per_row == 0) return reinterpret_cast<Unit*>(to) + i;
-    const uint32_t r = i / per_row;
-    return reinterpret_cast<Unit*>(to + r * to_stride) + (i - r * per_row);
+  const auto target = [&](uint32_t i) -> Unit* {
+    if (flat) return reinterpret_cast<Unit*>(to) + i;
+    const uint32_t r = i / row_units;
+    return reinterpret_cast<Unit*>(to + r * s.to_stride) + (i - r * row_units);
   };
-  for (uint32_t i0 = threadIdx.x; i0 < n; i0 += kCopyUnroll * kThreads) {
+  for (uint32_t i0 = skip + threadIdx.x; i0 < end; i0 += kCopyUnroll * kThreads) {
     Unit v[kCopyUnroll];
 #pragma unroll
     for (int32_t u = 0; u < kCopyUnroll; ++u) {
       const uint32_t i = i0 + u * kThreads;
-      if (i < n) v[u] = *from_at(i);
+      if (i < end) v[u] = *source(i);
     }
 #pragma unroll
     for (int32_t u = 0; u < kCopyUnroll; ++u) {
       const uint32_t i = i0 + u * kThreads;
-      if (i < n) *to_at(i) = v[u];
+      if (i < end) *target(i) = v[u];
     }
   }
 }
 
-// Rows [first, first + rows) of span s, by the whole block.
+// Bytes [lo, hi) of a span (its rows laid end to end), by the whole block.
 template <int kThreads>
-UKV_DEVICE void copy_chunk(const CopySpan& s, int64_t first, int64_t rows) {
-  const uint8_t* from = s.from + first * s.from_stride;
-  uint8_t* to = s.to + first * s.to_stride;
+UKV_DEVICE void copy_piece(const CopySpan& s, uint64_t lo, uint64_t hi) {
   const bool flat = s.from_stride == s.row_bytes && s.to_stride == s.row_bytes;
-  const uint64_t bits = reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to) |
+  const uint64_t bits = reinterpret_cast<uintptr_t>(s.from) | reinterpret_cast<uintptr_t>(s.to) |
                         static_cast<uint64_t>(s.from_stride | s.to_stride | s.row_bytes);
   if ((bits & 15) == 0) {
-    const uint32_t per_row = static_cast<uint32_t>(s.row_bytes / 16);
-    copy_units<kThreads, int4>(from, s.from_stride, to, s.to_stride, static_cast<uint32_t>(rows * per_row),
-                               flat ? 0 : per_row);
+    copy_units<kThreads, int4>(s, lo / 16, hi / 16 - lo / 16, flat);
   } else {
-    const uint32_t per_row = static_cast<uint32_t>(s.row_bytes);
-    copy_units<kThreads, uint8_t>(from, s.from_stride, to, s.to_stride, static_cast<uint32_t>(rows * per_row),
-                                  flat ? 0 : per_row);
+    copy_units<kThreads, uint8_t>(s, lo, hi - lo, flat);
   }
 }
 
-template <int kThreads>
-struct SpanShared {
-  ScanShared<kThreads, 1> scan;
-  CopySpan span[kThreads];
-  int64_t chunk_rows[kThreads];
-};
-
-// Copies spans [0, n) given by span_at(i) (a CopySpan with rows 0 is
-// skipped). A chunk is at most kChunkBytes or a single row, so its units are
-// counted in uint32 for any row below 4 GiB.
+// Copies spans [0, n) given by span_at(i) (a CopySpan with rows 0 is skipped).
 template <int kThreads, typename SpanAt>
 UKV_DEVICE void copy_spans(int32_t n, const SpanAt& span_at) {
-  __shared__ SpanShared<kThreads> sh;
+  if (n <= 0) return;
+  __shared__ uint64_t group_end[kThreads];  // bytes of the spans of groups 0 .. t
   const int32_t tid = threadIdx.x;
-  const uint32_t grid = gridDim.x, block = blockIdx.x;
-  uint64_t done = 0;  // chunks numbered by earlier passes
-  for (int32_t base = 0; base < n; base += kThreads) {
-    CopySpan s{nullptr, nullptr, 0, 0, 0, 1};
-    if (tid < n - base) s = span_at(base + tid);
-    const int64_t chunk_rows = s.rows > 0 ? chunk_rows_of(s) : 1;
-    const uint32_t chunks = s.rows > 0 ? static_cast<uint32_t>((s.rows + chunk_rows - 1) / chunk_rows) : 0;
-    sh.span[tid] = s;
-    sh.chunk_rows[tid] = chunk_rows;
-    sh.scan.value[0][bank_padded(tid)] = 0;
-    sh.scan.value[0][bank_padded(kThreads + tid)] = chunks;
+  const int32_t per_group = (n + kThreads - 1) / kThreads;
+  const int32_t group_first = static_cast<int32_t>(min_i64(static_cast<int64_t>(tid) * per_group, n));
+  const int32_t group_last = static_cast<int32_t>(min_i64(static_cast<int64_t>(group_first) + per_group, n));
+  uint64_t bytes = 0;
+  for (int32_t i = group_first; i < group_last; ++i) bytes += span_bytes(span_at(i));
+  group_end[tid] = bytes;
+  __syncthreads();
+  for (int32_t d = 1; d < kThreads; d *= 2) {  // inclusive scan
+    const uint64_t before = tid >= d ? group_end[tid - d] : 0;
     __syncthreads();
-    raking_scan<kThreads, 1>(sh.scan);
-    const uint32_t total = sh.scan.value[0][bank_padded(2 * kThreads - 1)];
-    // This block's first chunk of the pass: the next c >= done with c % grid == block.
-    for (uint32_t c = static_cast<uint32_t>((block + grid - done % grid) % grid); c < total; c += grid) {
-      int32_t lo = 0, hi = kThreads - 1;  // the first span whose inclusive count exceeds c
-      while (lo < hi) {
-        const int32_t mid = (lo + hi) / 2;
-        if (sh.scan.value[0][bank_padded(kThreads + mid)] > c) hi = mid; else lo = mid + 1;
-      }
-      const CopySpan& span = sh.span[lo];
-      const uint32_t before = lo == 0 ? 0 : sh.scan.value[0][bank_padded(kThreads + lo - 1)];
-      const int64_t first = static_cast<int64_t>(c - before) * sh.chunk_rows[lo];
-      const int64_t rows = span.rows - first < sh.chunk_rows[lo] ? span.rows - first : sh.chunk_rows[lo];
-      copy_chunk<kThreads>(span, first, rows);
-    }
-    done += total;
-    __syncthreads();  // the next pass rewrites the spans and the scan
+    group_end[tid] += before;
+    __syncthreads();
+  }
+  const uint64_t total = group_end[kThreads - 1], blocks = gridDim.x, b = blockIdx.x;
+  // b * total / G without overflowing 64 bits.
+  const uint64_t lo = total / blocks * b + total % blocks * b / blocks;
+  const uint64_t hi = total / blocks * (b + 1) + total % blocks * (b + 1) / blocks;
+  if (lo == hi) return;
+  int32_t g = 0, top = kThreads - 1;  // the first group that ends past lo
+  while (g < top) {
+    const int32_t mid = (g + top) / 2;
+    if (group_end[mid] > lo) top = mid; else g = mid + 1;
+  }
+  uint64_t start = g == 0 ? 0 : group_end[g - 1];
+  for (int32_t i = g * per_group; i < n && start < hi; ++i) {
+    const CopySpan s = span_at(i);
+    const uint64_t end = start + span_bytes(s);
+    if (end > lo && end > start) copy_piece<kThreads>(s, lo > start ? lo - start : 0, (hi < end ? hi : end) - start);
+    start = end;
   }
 }
 

@@ -183,10 +183,9 @@ gpu::Error launch_swa_slot_mapping(const SwaSlotMappingParams& p, gpu::Stream st
   return gpu::launch(swa_slot_mapping_kernel<kThreads>, blocks_of(p.num_tokens, kThreads), kThreads, stream, p);
 }
 
-// The row copies run on a grid that fills the GPU (copy_spans shares every
-// span among all blocks), at most kCopyBlocksPerSm blocks a multiprocessor.
+// The row copies run on a grid that fills the GPU (copy_spans gives every
+// block an equal share of the bytes), kCopyBlocksPerSm blocks a multiprocessor.
 constexpr int32_t kCopyThreads = 256;
-constexpr int32_t kCopyBlocksPerSm = 4;
 
 int32_t copy_grid() {
   const int sms = gpu::multiprocessor_count();

@@ -47,7 +47,11 @@ __global__ void paged_decode_indices_kernel(PagedDecodeParams p) {
   const TableRow units = table_row(p.swa_table, real ? bid : 0);
   constexpr bool kPlain = kForm == SwaForm::kPlain;
   SwaRowsOfPlace<kForm, 3> place{p.swa_rows};
-#pragma unroll 2
+  // Two cells a thread in flight in the plain form; the row-space forms keep
+  // three rows a cell, and unrolling would cost them a third of their
+  // occupancy (72 registers a thread against 48 in paged decode).
+  constexpr int kUnroll = kPlain ? 2 : 1;
+#pragma unroll kUnroll
   for (int32_t i = g.lane; i < n; i += kGroup) {
     const PagePlace at = page_place<kForm>(first + i, p.swa_rows[0].page);
     const uint32_t unit_row = unit_first_row<kForm>(swa_unit_at(units, at.col, p.swa_table.cols), p.swa_rows[0]);

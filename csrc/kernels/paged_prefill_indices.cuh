@@ -25,8 +25,11 @@
 
 namespace ukv::kernels {
 
+// Nine blocks a multiprocessor: the HCA run's loads want every warp that fits,
+// and the slot form's 50 registers give nine; the row-space forms would take
+// 60 and fit eight.
 template <int kThreads, int kGroup, SwaForm kForm>
-__global__ void paged_prefill_indices_kernel(PagedPrefillParams p) {
+__global__ void UKV_LAUNCH_BOUNDS(kThreads, 9) paged_prefill_indices_kernel(PagedPrefillParams p) {
   gpu::after_prior_kernels();
   const ThreadGroup g = thread_group<kThreads, kGroup>();
   const int32_t t = g.item;
@@ -54,7 +57,11 @@ __global__ void paged_prefill_indices_kernel(PagedPrefillParams p) {
   const TableRow units = table_row(p.swa_table, bid);
   constexpr bool kPlain = kForm == SwaForm::kPlain;
   SwaRowsOfPlace<kForm, 3> place{p.swa_rows};
-#pragma unroll 2
+  // Two cells a thread in flight in the plain form; the row-space forms keep
+  // three rows a cell, and unrolling would cost them a third of their
+  // occupancy (72 registers a thread against 48 in paged decode).
+  constexpr int kUnroll = kPlain ? 2 : 1;
+#pragma unroll kUnroll
   for (int32_t i = g.lane; i < w.prefix_swa_count; i += kGroup) {
     const PagePlace at = page_place<kForm>(w.swa_low + i, p.swa_rows[0].page);
     const uint32_t unit_row = unit_first_row<kForm>(swa_unit_at(units, at.col, p.swa_table.cols), p.swa_rows[0]);

@@ -15,7 +15,7 @@
 namespace ukv::kernels {
 
 template <int kThreads>
-__global__ void __launch_bounds__(kThreads) apply_row_copies_kernel(RowCopyParams p, int32_t phase) {
+__global__ void UKV_LAUNCH_BOUNDS(kThreads, kCopyBlocksPerSm) apply_row_copies_kernel(RowCopyParams p, int32_t phase) {
   gpu::after_prior_kernels();
   const PhaseSpan entries = phase_span(p, phase);
   copy_spans<kThreads>(entries.count * p.num_planes, [&](int32_t i) {

@@ -14,7 +14,7 @@
 namespace ukv::kernels {
 
 template <int kThreads>
-__global__ void __launch_bounds__(kThreads) transfer_rows_kernel(RowTransferParams p) {
+__global__ void UKV_LAUNCH_BOUNDS(kThreads, kCopyBlocksPerSm) transfer_rows_kernel(RowTransferParams p) {
   gpu::after_prior_kernels();
   copy_spans<kThreads>(run_count(p), [&](int32_t i) {
     const RowRun r = row_run(p, i);
