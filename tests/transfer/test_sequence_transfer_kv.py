@@ -56,15 +56,15 @@ def move(a, b, seq_id=1, n=700):
         raw(t).random_(0, 256, generator=torch.Generator().manual_seed(t.numel()))
     prefilled(a, seq_id, n)
     export = a.mgr.describe_sequence(seq_id)
-    buffer = torch.empty(ukv_torch.transfer_bytes(a.plan, a.kv, export), dtype=torch.uint8)
-    ukv_torch.gather_sequence(a.plan, a.kv, export, buffer)
     assert b.mgr.import_sequence(9, export) == 0
     b.mgr.stage([9])
     b.mgr.upload(1)
     if b.kv.planes:
         ukv_torch.apply_row_copies(list(b.kv.planes), b.mgr.row_copies, b.mgr.row_copy_counts)
+    buffer = torch.empty(ukv_torch.transfer_bytes(a.plan, a.kv, export), dtype=torch.uint8)
+    ukv_torch.gather_sequence(a.plan, a.kv, export, buffer, manager=a.mgr)
     mine = b.mgr.describe_sequence(9)
-    ukv_torch.scatter_sequence(b.plan, b.kv, mine, buffer, 0)
+    ukv_torch.scatter_sequence(b.plan, b.kv, mine, buffer, manager=b.mgr)
     return export, mine
 
 
@@ -100,14 +100,16 @@ def test_bad_buffers_and_other_models_are_refused():
     for bad in (torch.zeros(nbytes - 1, dtype=torch.uint8), torch.zeros(nbytes, dtype=torch.int8),
                 torch.zeros(1, nbytes, dtype=torch.uint8)):
         with pytest.raises(ValueError, match=f"buffer must be a 1-D uint8 tensor of transfer_bytes\\(\\) = {nbytes}"):
-            ukv_torch.gather_sequence(a.plan, a.kv, export, bad)
+            ukv_torch.gather_sequence(a.plan, a.kv, export, bad, manager=a.mgr)
     assert not good.any()
-    wider = Pool("elastic", model=MODEL.replace(head_dim=32))
-    with pytest.raises(ValueError, match="buffer must be a 1-D uint8 tensor of transfer_bytes"):
-        ukv_torch.scatter_sequence(wider.plan, wider.kv, export, good, 0)
-    with pytest.raises(ValueError, match="kv has 3 layers, the plan's model 4"):
-        ukv_torch.gather_sequence(a.plan, a.kv._replace(kv=a.kv.kv[:3]), export, good)
+    wider = Pool("row_space", model=MODEL.replace(head_dim=32))
+    with pytest.raises(ValueError, match=r"kv.planes\[0\] must be the plan's \[\d+, 16\] tensor"):
+        ukv_torch.gather_sequence(a.plan, wider.kv, export, good, manager=a.mgr)
+    with pytest.raises(ValueError, match=r"kv has 3 layers \(4 rope entries\), the plan.s model 4"):
+        ukv_torch.gather_sequence(a.plan, a.kv._replace(kv=a.kv.kv[:3]), export, good, manager=a.mgr)
     with pytest.raises(ValueError, match="exported with window=64"):
-        ukv_torch.scatter_sequence(b.plan, b.kv, export._replace(config=export.config.replace(window=64)), good, 0)
+        ukv_torch.scatter_sequence(b.plan, b.kv, export._replace(config=export.config.replace(window=64)), good,
+                                   manager=b.mgr)
     with pytest.raises(TypeError, match="export must be a SequenceExport"):
-        ukv_torch.gather_sequence(a.plan, a.kv, tuple(export), good)
+        ukv_torch.gather_sequence(a.plan, a.kv, tuple(export), good, manager=a.mgr)
+    assert not good.any()
