@@ -29,12 +29,15 @@ class UnifiedKv(NamedTuple):
     layer's base row; empty in the slot layouts. Row indices the index ops
     produce are relative to a layer's tensor: an attention kernel must compute
     byte offsets from them in 64 bits (rows times row bytes pass 2^31 bytes).
+    ``plan`` is the plan they were allocated for (None from the keyword form):
+    two plans of one model may give tensors of the same shapes.
     """
 
     kv: List[torch.Tensor]
     rope: List[Optional[torch.Tensor]]
     indexer: Sequence[Optional[torch.Tensor]] = ()
     planes: Sequence[torch.Tensor] = ()
+    plan: Optional[KvPlan] = None
 
 
 def _dtype_of(name: str, dtype: Optional[torch.dtype], elem_bytes: int) -> torch.dtype:
@@ -83,7 +86,7 @@ def _allocate_plan(plan: KvPlan, dtype, rope_dtype, device) -> UnifiedKv:
             row_bytes = plane.shape[1] * plane.element_size()
             indexer.append(_indexer_view(plane, plan.layer_indexer_offsets[layer], envelope * row_bytes, blocks,
                                          k_csa, entry))
-        return UnifiedKv(kv, ropes, indexer, planes)
+        return UnifiedKv(kv, ropes, indexer, planes, plan)
     kv = [torch.zeros(rows, model.head_dim, dtype=dtype, device=device) for rows in plan.layer_rows]
     ropes = [torch.zeros(rows, model.rope_head_dim, dtype=rope_dtype, device=device) if rope_dtype else None
              for rows in plan.layer_rows]
@@ -94,7 +97,7 @@ def _allocate_plan(plan: KvPlan, dtype, rope_dtype, device) -> UnifiedKv:
                            device=device)
         for j, layer in enumerate(csa_layers):
             indexer[layer] = pool[j]
-    return UnifiedKv(kv, ropes, indexer, [])
+    return UnifiedKv(kv, ropes, indexer, [], plan)
 
 
 def allocate_unified_kv(
@@ -188,8 +191,9 @@ def _allocate_by_keywords(
 
 def check_plan_tensors(plan: KvPlan, kv: UnifiedKv) -> None:
     """Refuse KV tensors that are not the ones ``allocate_unified_kv(plan)`` lays out:
-    another model (widths, element sizes), another plan of the same model (row
-    counts), or, in the row space, per-layer tensors that are not views of
+    allocated for another plan, of another model (widths, element sizes) or
+    another plan of the same model (row counts), or, in the row space,
+    per-layer tensors that are not views of
     ``kv.planes`` at the plan's base rows. A ValueError (TypeError for a wrong
     type) names the tensor and the expectation; nothing is read or written."""
     if not isinstance(kv, UnifiedKv):
@@ -218,6 +222,8 @@ def check_plan_tensors(plan: KvPlan, kv: UnifiedKv) -> None:
                 if view is not None and view.data_ptr() != _row_ptr(kv.planes[plane], plan.layer_base_rows[layer]):
                     raise ValueError(f"kv.{name}[{layer}] must be a view of kv.planes[{plane}] starting at the "
                                      f"layer's base row {plan.layer_base_rows[layer]}")
+    if kv.plan is not None and kv.plan != plan:  # of the same shapes, but another plan's geometry
+        raise ValueError("kv was allocated for another plan (kv.plan): KV tensors of another model or plan")
 
 
 def _check_planes(plan: KvPlan, kv: UnifiedKv) -> None:
