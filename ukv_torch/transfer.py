@@ -2,12 +2,13 @@
 prefill pool hands its sequences to a decode pool) and migration.
 
 The exporting manager describes the sequence (``KvManager.describe_sequence``:
-a :class:`SequenceExport`), :func:`gather_sequence` copies its KV rows into
-one contiguous uint8 buffer, the buffer travels (any transport), the receiving
-manager admits the sequence (``KvManager.import_sequence``: the same NOT_NOW /
-NEVER_FITS answers as ``allocate``) and :func:`scatter_sequence` copies the
-rows into their new places. The sequence then decodes there as if it had
-been prefilled there.
+a :class:`SequenceExport`), the receiving manager admits it first
+(``KvManager.import_sequence``: the same NOT_NOW / NEVER_FITS answers as
+``allocate``; on a refusal the sender keeps it), :func:`gather_sequence`
+copies its KV rows into one contiguous uint8 buffer, the buffer travels (any
+transport), :func:`scatter_sequence` copies the rows into their new places,
+and the sender frees the sequence once they landed. The sequence then
+decodes there as if it had been prefilled there.
 
 The buffer does not depend on the layout: it holds, layer after layer, the
 rows of the layer's KV tensor and then of its RoPE tensor (where the model
@@ -23,6 +24,11 @@ Each layer is one :func:`ukv_torch.gather_rows` / :func:`ukv_torch.scatter_rows`
 call over that layer's part of the buffer; the run lists are built on the host
 once per layer class (every layer of a class has the same rows), so the copies
 themselves are graph-capturable kernels on the current stream.
+
+Both take the manager that holds the sequence and check, before any copy,
+that the export is what it describes now, that the KV tensors are the plan's
+and that every table entry lies in them; the order of a move (the receiver
+admits first, the sender frees last) is in docs/serving-loop.md.
 """
 from __future__ import annotations
 
