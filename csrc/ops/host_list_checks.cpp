@@ -19,7 +19,7 @@ struct Span {
 };
 
 // The first pair of ranges that overlap where at least one of them writes,
-// as (entry, entry); {-1, -1} when there is none.
+// as (lower entry, higher entry); {-1, -1} when there is none.
 std::pair<int64_t, int64_t> first_conflict(std::vector<Span> spans) {
   std::sort(spans.begin(), spans.end(),
             [](const Span& a, const Span& b) { return a.key != b.key ? a.key < b.key : a.begin < b.begin; });
@@ -28,8 +28,10 @@ std::pair<int64_t, int64_t> first_conflict(std::vector<Span> spans) {
   const Span* longest_write = nullptr;    // the same among the writes
   for (const Span& s : spans) {
     if (longest && longest->key != s.key) longest = longest_write = nullptr;
-    if (longest_write && longest_write->end > s.begin) return {longest_write->entry, s.entry};
-    if (s.writes && longest && longest->end > s.begin) return {longest->entry, s.entry};
+    const Span* other = longest_write && longest_write->end > s.begin ? longest_write
+                        : s.writes && longest && longest->end > s.begin ? longest
+                                                                        : nullptr;
+    if (other) return std::minmax(other->entry, s.entry);
     if (!longest || s.end > longest->end) longest = &s;
     if (s.writes && (!longest_write || s.end > longest_write->end)) longest_write = &s;
   }
