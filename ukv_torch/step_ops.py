@@ -64,6 +64,9 @@ class KvStepOps:
             raise ValueError(f"tables must have the staged tables' shape {staged_tables_shape(plan.config)} of this "
                              f"plan's config, got {tuple(tables.shape)}")
         self.plan, self.kv, self.manager, self.tables = plan, kv, manager, tables
+        # The manager's persistent buffers, taken once: a method then touches only
+        # tensors, so it traces under torch.compile and captures in a CUDA graph.
+        self._copies = (manager.row_copies, manager.row_copy_counts) if manager is not None else None
         config = plan.config
         self.block_size, self.window = config.block_size, config.window
         ratios = plan.model.layer_ratios
@@ -118,9 +121,10 @@ class KvStepOps:
         """The row space's unit moves staged with the step (:func:`ukv_torch.apply_row_copies`
         on every plane); nothing in the slot layouts. After ``upload``, before the step
         reads or writes KV."""
-        kv, manager = self._need_kv(), self._need_manager()
+        kv = self._need_kv()
+        self._need_manager()
         if kv.planes:
-            ops.apply_row_copies(list(kv.planes), manager.row_copies, manager.row_copy_counts)
+            ops.apply_row_copies(list(kv.planes), *self._copies)
 
     # --- building the indices ------------------------------------------------------------
     def decode_index_metadata(self, positions, batch_id, n_committed_csa, n_committed_hca, swa_indptr, csa_indptr,
