@@ -1,6 +1,6 @@
 """The attention metadata of one step: every index the V4 attention reads,
-built by the ukv_torch ops from the manager's staged tables
-(docs/serving-loop.md, "Building the indices").
+built by the plan-bound ops (ukv_torch.KvStepOps) from the manager's staged
+tables (docs/serving-loop.md, "Building the indices").
 
 Decode and prefill tokens are built by separate ops over the same staged
 rows: a token's batch id is its sequence's row in the tables. The buffers are
@@ -14,8 +14,7 @@ from typing import Dict, List, NamedTuple, Tuple
 
 import torch
 
-import ukv_torch
-from ukv_torch import KvPlan, table_index
+from ukv_torch import KvStepOps
 
 CSA, HCA, DENSE = 4, 128, 0
 Buffers = Dict[str, torch.Tensor]
@@ -62,11 +61,12 @@ def token_positions(chunks: List[Chunk], device: torch.device) -> Tuple[torch.Te
 
 class AttentionMetadata:
     """The step's index buffers, allocated once for the largest step (as a
-    captured graph needs them), and the ops that fill them."""
+    captured graph needs them), and the ops that fill them: the plan-bound
+    ``KvStepOps``, so no layout constant is passed here."""
 
-    def __init__(self, plan: KvPlan, index_topk: int, device: torch.device):
-        self.plan, self.index_topk = plan, index_topk
-        cfg = plan.config
+    def __init__(self, step: KvStepOps, index_topk: int, device: torch.device):
+        self.step, self.index_topk = step, index_topk
+        cfg = step.plan.config
         tokens, window = cfg.max_num_batched_tokens, cfg.window
         # The widest slice per token: the window, plus every top-k lane (CSA) or HCA entry of the longest sequence.
         widths = {"extend": window, "swa": window, "csa": window + index_topk,
@@ -76,9 +76,6 @@ class AttentionMetadata:
         self.out = {name: torch.empty(tokens * w, **i32) for name, w in widths.items()}
         self.widths = widths
         self.prefix_count = torch.zeros(tokens, **i32)
-        # The SWA row constants of each output's layer class (the slot layouts' formula too).
-        self.swa_rows = {"swa_rows": list(plan.swa_rows(DENSE)), "csa_swa_rows": list(plan.swa_rows(CSA)),
-                         "hca_swa_rows": list(plan.swa_rows(HCA))}
 
     def _views(self, tokens: int, names) -> Tuple[Buffers, Buffers]:
         """This step's part of the buffers; index cells start at -1, so a cell no op wrote reads as no row."""
@@ -88,40 +85,29 @@ class AttentionMetadata:
 
     def decode(self, tables: torch.Tensor, x: Buffers, topk: torch.Tensor) -> Tuple[Buffers, Buffers]:
         """SWA, CSA and HCA slices of every decode token: [compress head | window tail]."""
-        cfg, plan = self.plan.config, self.plan
-        window, bs = cfg.window, cfg.block_size
+        step = self.step
         indptr, out = self._views(x["positions"].numel(), ("swa", "csa", "hca"))
-        ukv_torch.decode_index_metadata(x["positions"], x["batch_id"], x["n_csa"], x["n_hca"], indptr["swa"],
-                                        indptr["csa"], indptr["hca"], window=window, index_topk=self.index_topk)
-        ukv_torch.paged_decode_indices(tables[:, table_index(cfg, "swa")], x["positions"], x["batch_id"],
-                                       indptr["swa"], out["swa"], indptr["csa"], out["csa"], indptr["hca"], out["hca"],
-                                       window=window, block_size=bs, **self.swa_rows)
-        ukv_torch.csa_translate_pack(topk, tables[:, table_index(cfg, CSA)], x["positions"], x["batch_id"],
-                                     indptr["csa"], out["csa"], window=window, compress_ratio=CSA, block_size=bs,
-                                     **plan.compress_args(CSA))
-        ukv_torch.hca_decode_indices(tables[:, table_index(cfg, HCA)], x["batch_id"], x["n_hca"], indptr["hca"],
-                                     out["hca"], compress_ratio=HCA, block_size=bs, **plan.compress_args(HCA))
+        step.decode_index_metadata(x["positions"], x["batch_id"], x["n_csa"], x["n_hca"], indptr["swa"],
+                                   indptr["csa"], indptr["hca"], index_topk=self.index_topk)
+        step.paged_decode_indices(x["positions"], x["batch_id"], indptr["swa"], out["swa"], indptr["csa"], out["csa"],
+                                  indptr["hca"], out["hca"], tables=tables)
+        step.csa_translate_pack(topk, x["positions"], x["batch_id"], indptr["csa"], out["csa"], tables=tables)
+        step.hca_decode_indices(x["batch_id"], x["n_hca"], indptr["hca"], out["hca"], tables=tables)
         return indptr, out
 
     def prefill(self, tables: torch.Tensor, x: Buffers, topk: torch.Tensor) -> Tuple[Buffers, Buffers]:
         """Extend rows (the forward's own kv), the SWA prefix from earlier chunks or
         the cached prefix, CSA [picks | prefix] and HCA [prefix | entries]."""
-        cfg, plan = self.plan.config, self.plan
-        window, bs = cfg.window, cfg.block_size
+        step = self.step
         tokens = x["positions"].numel()
         indptr, out = self._views(tokens, ("extend", "swa", "csa", "hca"))
         prefix_count = self.prefix_count[:tokens]
-        ukv_torch.prefill_index_metadata(x["positions"], x["batch_id"], x["chunk_start"], x["n_csa"], x["n_hca"],
-                                         indptr["extend"], indptr["swa"], indptr["csa"], indptr["hca"], prefix_count,
-                                         window=window, index_topk=self.index_topk)
-        hca = plan.compress_args(HCA)
-        ukv_torch.paged_prefill_indices(x["positions"], x["batch_id"], x["chunk_start"], x["query_start"],
-                                        x["n_hca"], tables[:, table_index(cfg, "swa")], tables[:, table_index(cfg, HCA)],
-                                        indptr["extend"], indptr["swa"], indptr["csa"], indptr["hca"], out["extend"],
-                                        out["swa"], out["csa"], out["hca"], compress_base=hca["compress_base"],
-                                        hca_block_stride=hca["block_stride"], compress_ratio=HCA, window=window,
-                                        block_size=bs, **self.swa_rows)
-        ukv_torch.csa_translate_pack(topk, tables[:, table_index(cfg, CSA)], x["positions"], x["batch_id"],
-                                     indptr["csa"], out["csa"], skip_per_token=prefix_count, compress_ratio=CSA,
-                                     block_size=bs, **plan.compress_args(CSA))
+        step.prefill_index_metadata(x["positions"], x["batch_id"], x["chunk_start"], x["n_csa"], x["n_hca"],
+                                    indptr["extend"], indptr["swa"], indptr["csa"], indptr["hca"], prefix_count,
+                                    index_topk=self.index_topk)
+        step.paged_prefill_indices(x["positions"], x["batch_id"], x["chunk_start"], x["query_start"], x["n_hca"],
+                                   indptr["extend"], indptr["swa"], indptr["csa"], indptr["hca"], out["extend"],
+                                   out["swa"], out["csa"], out["hca"], tables=tables)
+        step.csa_translate_pack(topk, x["positions"], x["batch_id"], indptr["csa"], out["csa"],
+                                skip_per_token=prefix_count, tables=tables)
         return indptr, out

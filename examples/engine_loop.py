@@ -26,11 +26,10 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
-import ukv_torch
 from attention_metadata import AttentionMetadata, Chunk
 from tagged_model import TaggedModel, Work, extend_tags
-from ukv_torch import (KvManager, ModelKvSpec, SequenceExport, ServeConfig, allocate_unified_kv, gather_sequence,
-                       plan_kv_layout, scatter_sequence, table_index, transfer_bytes)
+from ukv_torch import (KvManager, KvStepOps, ModelKvSpec, SequenceExport, ServeConfig, allocate_unified_kv,
+                       plan_kv_layout, table_index)
 
 LAYERS = (0, 4, 128, 4, 128)  # one dense (SWA only), two CSA and two HCA layers
 VOCAB = 32000
@@ -105,8 +104,10 @@ class Engine:
         self.cfg = config
         self.kv = allocate_unified_kv(self.plan, dtype=torch.int64, device=self.device)
         self.mgr = KvManager(self.plan, device=None if self.device.type == "cpu" else self.device)
-        self.metadata = AttentionMetadata(self.plan, index_topk=64, device=self.device)
-        self.model = TaggedModel(self.plan, self.kv, self.metadata, seed=args.seed)
+        # Every op of the step through the plan: no layout constant is passed by hand.
+        self.ops = KvStepOps(self.plan, self.kv, self.mgr)
+        self.metadata = AttentionMetadata(self.ops, index_topk=64, device=self.device)
+        self.model = TaggedModel(self.ops, self.metadata, seed=args.seed)
         # Room for the drafts of the last step: positions up to len(tokens) - 1 + mtp_k.
         max_len = config.max_blocks_per_seq * config.block_size - 1 - config.mtp_k
         self.workload = Workload(self.rng, args.requests, max_len)
@@ -129,13 +130,15 @@ class Engine:
         if not decode and not prefill:
             return
         if prefill:  # SWA pages for exactly the chunks about to be computed
+            # The step stays within max_num_batched_tokens and is staged: then the row space's
+            # copy list always has room for the chunks' moves, and this is never refused for it.
             self.mgr.ensure_for_tokens([r.rid for r, _ in prefill], [n for _, n in prefill])
         batch = decode + [r for r, _ in prefill]
         self.mgr.stage([r.rid for r in batch])  # row i of every table is batch[i]
         self.mgr.upload(len(batch))
-        if self.kv.planes and self.args.fault != "skip-row-copies":
+        if self.args.fault != "skip-row-copies":
             # Units the row space moved to make room: before anything reads or writes KV.
-            ukv_torch.apply_row_copies(list(self.kv.planes), self.mgr.row_copies, self.mgr.row_copy_counts)
+            self.ops.apply_row_copies()
         self.forward(decode, prefill)
         self.commit(decode, prefill)
 
@@ -247,31 +250,43 @@ class Engine:
                 self.waiting.append(follow_up)
 
     # --- moving a decoding request to another engine (docs/serving-loop.md) ---------------
-    def send(self, r: Request) -> Tuple[SequenceExport, torch.Tensor]:
-        """Between steps: the request's description and its KV rows in one buffer; it leaves this engine."""
-        export = self.mgr.describe_sequence(r.rid)
-        buffer = torch.empty(transfer_bytes(self.plan, self.kv, export), dtype=torch.uint8,
-                             device=self.device)
-        gather_sequence(self.plan, self.kv, export, buffer)
-        self.mgr.deallocate(r.rid)  # after the gather is enqueued: its rows may be reused from now on
-        self.running.remove(r)
-        return export, buffer
+    # The receiver admits first; the bytes move only once it said yes; the sender frees the
+    # request only after they landed. A refusal leaves the request decoding on the sender.
+    def describe(self, r: Request) -> SequenceExport:
+        """Sender, between steps: what the receiver admits the request from. It stays here."""
+        return self.mgr.describe_sequence(r.rid)
 
-    def receive(self, r: Request, export: SequenceExport, buffer: torch.Tensor) -> int:
-        """Between steps: admit a request another engine sent (under its id r.rid here). Returns
-        import_sequence's answer; on a refusal nothing changed and the caller may retry later."""
+    def admit_moved(self, r: Request, export: SequenceExport) -> int:
+        """Receiver, first: admit a request another engine describes (under r.rid here). Returns
+        import_sequence's answer; on a refusal nothing changed and the sender keeps the request."""
         cached = self.mgr.import_sequence(r.rid, export)
-        if cached < 0:
-            return cached
-        # Its rows as they are now: stage it alone and apply the moves its units caused first.
-        self.mgr.stage([r.rid])
-        self.mgr.upload(1)
-        if self.kv.planes:
-            ukv_torch.apply_row_copies(list(self.kv.planes), self.mgr.row_copies, self.mgr.row_copy_counts)
-        scatter_sequence(self.plan, self.kv, self.mgr.describe_sequence(r.rid), buffer, cached)
-        r.computed, r.decoding, r.drafts = export.num_computed, True, []
-        self.running.append(r)
+        if cached >= 0:
+            # Its rows as they are now: stage it alone and apply the moves its units caused first.
+            self.mgr.stage([r.rid])
+            self.mgr.upload(1)
+            self.ops.apply_row_copies()
         return cached
+
+    def transfer_buffer(self, r: Request) -> torch.Tensor:
+        """Receiver: the buffer the admitted request's KV travels in (the same size on both sides)."""
+        return torch.empty(self.ops.transfer_bytes(r.rid), dtype=torch.uint8, device=self.device)
+
+    def send(self, r: Request, buffer: torch.Tensor) -> None:
+        """Sender: the request's KV rows into the buffer; the request stays live until release()."""
+        self.ops.gather_sequence(r.rid, buffer)
+
+    def receive(self, r: Request, buffer: torch.Tensor) -> None:
+        """Receiver: the KV rows into the admitted request's rows; it decodes here from the next step."""
+        self.ops.scatter_sequence(r.rid, buffer)
+        r.computed, r.decoding, r.drafts = self.mgr.num_computed(r.rid), True, []
+        self.running.append(r)
+
+    def release(self, r: Request) -> None:
+        """Sender, once the bytes landed: the request leaves this engine. Here both engines
+        share one stream, so everything later on it runs after the scatter; across
+        processes, call it once the transport reports the copy complete."""
+        self.mgr.deallocate(r.rid)
+        self.running.remove(r)
 
     # --- the outcome ------------------------------------------------------------------
     def outcome(self, seconds: float) -> Tuple[bool, str]:

@@ -6,10 +6,10 @@ request they belong to), salted per layer and role, so an index that reads
 another sequence's row, another position, a stale or never-written row, or
 another layer's or role's row fails the check. The model writes KV where the
 V4 kernels do (docs/serving-loop.md, "Writing KV"):
-- SWA: every computed position at the row swa_slot_mapping gives for the
+- SWA: every computed position at the row KvStepOps.swa_slot_mapping gives for the
   layer's class, skipping the -1 of positions that got no page;
 - compressed entries: entry e of ratio r (positions [r*e, r*e + r)) once its
-  last position is computed, through the layer's bind_compress_view view at
+  last position is computed, through the layer's compress view (KvStepOps.compress_view) at
   [table[row, e // k], e % k].
 The step's writes come before its reads: a decode token's window includes
 its own position, and entries completed in the step may be read in it.
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from attention_metadata import CSA, HCA, AttentionMetadata, Chunk, token_inputs, token_positions
-from ukv_torch import KvPlan, UnifiedKv, bind_compress_view, swa_slot_mapping, table_index
+from ukv_torch import KvStepOps
 
 TAG_MASK = (1 << 62) - 1
 GARBAGE = 1 << 30  # what the indexer leaves in unused top-k lanes: the ops must not read it
@@ -70,16 +70,14 @@ class Expected:
 
 
 class TaggedModel:
-    def __init__(self, plan: KvPlan, kv: UnifiedKv, metadata: AttentionMetadata, seed: int):
-        self.plan, self.kv, self.metadata = plan, kv, metadata
+    def __init__(self, step: KvStepOps, metadata: AttentionMetadata, seed: int):
+        self.step, self.plan, self.kv, self.metadata = step, step.plan, step.kv, metadata
         self.index_topk = metadata.index_topk
-        self.cfg = plan.config
-        self.layers = plan.model.layer_ratios
-        for t in kv.planes or kv.kv:
+        self.cfg = self.plan.config
+        self.layers = self.plan.model.layer_ratios
+        for t in self.kv.planes or self.kv.kv:
             t.fill_(NEVER_WRITTEN)
-        bs = self.cfg.block_size
-        self.views = {layer: bind_compress_view(kv.kv[layer], compress_ratio=r, block_size=bs, **plan.compress_args(r))
-                      for layer, r in enumerate(self.layers) if r}
+        self.views = {layer: step.compress_view(layer) for layer, r in enumerate(self.layers) if r}
         salts = random.Random(seed)
         self.salt = {(layer, cmp): salts.getrandbits(62) for layer in range(len(self.layers)) for cmp in (False, True)}
         self.rng = np.random.default_rng(seed)
@@ -101,8 +99,7 @@ class TaggedModel:
                                                for w in works])).to(tables.device)
         slots = torch.empty_like(batch_id)
         for ratio in sorted(set(self.layers)):  # one slot mapping per layer class serves its every layer
-            swa_slot_mapping(tables[:, table_index(self.cfg, "swa")], positions, batch_id, slots,
-                             block_size=self.cfg.block_size, swa_rows=list(self.plan.swa_rows(ratio)))
+            self.step.swa_slot_mapping(positions, batch_id, slots, ratio=ratio, tables=tables)
             keep = slots >= 0
             for layer in self._layers_of(ratio):
                 self.kv.kv[layer][slots[keep].long(), 0] = tags[keep] ^ self.salt[(layer, False)]
@@ -119,8 +116,8 @@ class TaggedModel:
         rows = np.concatenate([np.full(len(es), w.chunk.row) for w, es in zip(works, entries)])
         tags = np.concatenate([w.tags[ratio * es + ratio - 1] for w, es in zip(works, entries)])
         device = tables.device
-        block = tables[torch.as_tensor(rows).to(device), table_index(self.cfg, ratio),
-                       torch.as_tensor(e // k).to(device)].long()
+        table = self.step.table(ratio, tables)
+        block = table[torch.as_tensor(rows).to(device), torch.as_tensor(e // k).to(device)].long()
         slot, tags = torch.as_tensor(e % k).to(device), torch.as_tensor(tags).to(device)
         for layer in self._layers_of(ratio):
             self.views[layer][block, slot, 0] = tags ^ self.salt[(layer, True)]

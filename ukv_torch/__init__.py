@@ -37,6 +37,7 @@ from .manager.prefix_hashing import block_hashes, cache_salt, swa_page_hashes  #
 from .plan.planning import MODEL_PRESETS, plan_kv_layout  # noqa: E402
 from .plan.records import KvPlan, ModelKvSpec, PoolSizes, ServeConfig  # noqa: E402
 from .transfer import SequenceExport, gather_sequence, scatter_sequence, transfer_bytes  # noqa: E402
+from .step_ops import KvStepOps  # noqa: E402
 from .plan.unified_kv import UnifiedKv, allocate_unified_kv  # noqa: E402
 
 __version__ = "0.1.0"
@@ -48,6 +49,7 @@ __all__ = [
     "KvManager",
     "KvPlan",
     "KvRole",
+    "KvStepOps",
     "MODEL_PRESETS",
     "ModelKvSpec",
     "OutOfSlots",

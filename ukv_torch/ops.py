@@ -19,6 +19,10 @@ formulas of upstream's index builders. Common conventions:
 - GPU calls enqueue their kernels (one, or one per copy phase for
   apply_row_copies) on the current stream, allocate nothing and never
   synchronise: every op can be captured in a CUDA graph.
+- These are the low-level layer: the layout's constants are arguments, and a
+  table is only int32 ids, so a constant left at its slot-layout default
+  with a row-space table gives wrong rows, not an error.
+  :class:`ukv_torch.KvStepOps` passes every constant from the plan.
 """
 from typing import List, Optional
 
@@ -261,6 +265,11 @@ def swa_slot_mapping(
     holds as -1 or lies past the table's columns: a prefill chunk writes only
     the positions the manager gave pages, and an SWA writer skips -1. One call
     per layer class serves every layer of it.
+
+    Given ``swa_rows`` the page size is its first value and ``block_size``
+    only checks the pair: a page that does not divide ``block_size`` is a
+    ValueError. Without it the slot layouts' formula (pages of ``block_size``
+    tokens) is used, which the op cannot tell is wrong for a row-space table.
     """
 
 
@@ -275,7 +284,12 @@ def apply_row_copies(planes: List[torch.Tensor], copies: torch.Tensor, copy_coun
     dtype) gets the same row copies. Call it on the step's stream before any
     kernel of the step reads or writes KV: the staged tables already point at
     the new rows. Copies of one phase touch disjoint rows and phases run in
-    order (one kernel per phase); an entry outside the planes is skipped.
+    order (one kernel per phase). A list on the host is checked first: an
+    entry copying no rows or reaching outside the planes, or two copies of
+    one phase where one writes rows the other reads or writes, is a
+    ValueError naming them, nothing copied. On the GPU the list is not read
+    by the host: such an entry outside the planes is skipped, and
+    overlapping copies of a phase are the caller's to avoid.
     """
 
 
@@ -291,7 +305,9 @@ def gather_rows(sources: List[torch.Tensor], runs: torch.Tensor, run_count: torc
     (``rows * width * element_size`` bytes). A source is any 2-D tensor whose
     rows are contiguous and do not overlap: a layer's KV or RoPE tensor, or a
     CSA indexer cache flattened to ``[blocks, k * entry_bytes]``. Runs must
-    write disjoint bytes; a run outside its tensor or the buffer is skipped.
+    write disjoint bytes. Runs on the host are checked first (one outside
+    its tensor or the buffer, or two writing the same bytes: a ValueError
+    naming them, nothing copied); on the GPU a run outside is skipped.
     ``ukv_torch.transfer`` builds the runs of a sequence. One kernel on the
     current stream sized by ``max_runs``: capturable in a CUDA graph.
     """
@@ -303,7 +319,8 @@ def scatter_rows(targets: List[torch.Tensor], runs: torch.Tensor, run_count: tor
     """The inverse of :func:`gather_rows`: copy each run's packed bytes from ``buffer``
     into rows ``[first_row, first_row + rows)`` of ``targets[tensor]``, in place.
 
-    Same arguments and rules; runs must write disjoint rows. In the row-space
+    Same arguments and rules; runs must write disjoint rows (checked on the
+    host, like the ranges). In the row-space
     layout apply the step's row copies first: a unit moved out of the rows a
     run fills would otherwise be copied from after the scatter wrote them.
     """

@@ -2,12 +2,13 @@
 prefill pool hands its sequences to a decode pool) and migration.
 
 The exporting manager describes the sequence (``KvManager.describe_sequence``:
-a :class:`SequenceExport`), :func:`gather_sequence` copies its KV rows into
-one contiguous uint8 buffer, the buffer travels (any transport), the receiving
-manager admits the sequence (``KvManager.import_sequence``: the same NOT_NOW /
-NEVER_FITS answers as ``allocate``) and :func:`scatter_sequence` copies the
-rows into their new places. The sequence then decodes there as if it had
-been prefilled there.
+a :class:`SequenceExport`), the receiving manager admits it first
+(``KvManager.import_sequence``: the same NOT_NOW / NEVER_FITS answers as
+``allocate``; on a refusal the sender keeps it), :func:`gather_sequence`
+copies its KV rows into one contiguous uint8 buffer, the buffer travels (any
+transport), :func:`scatter_sequence` copies the rows into their new places,
+and the sender frees the sequence once they landed. The sequence then
+decodes there as if it had been prefilled there.
 
 The buffer does not depend on the layout: it holds, layer after layer, the
 rows of the layer's KV tensor and then of its RoPE tensor (where the model
@@ -23,6 +24,11 @@ Each layer is one :func:`ukv_torch.gather_rows` / :func:`ukv_torch.scatter_rows`
 call over that layer's part of the buffer; the run lists are built on the host
 once per layer class (every layer of a class has the same rows), so the copies
 themselves are graph-capturable kernels on the current stream.
+
+Both take the manager that holds the sequence and check, before any copy,
+that the export is what it describes now, that the KV tensors are the plan's
+and that every table entry lies in them; the order of a move (the receiver
+admits first, the sender frees last) is in docs/serving-loop.md.
 """
 from __future__ import annotations
 
@@ -30,43 +36,15 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
+from .manager.kv_manager import KvManager
+from .manager.sequence_export import SequenceExport, check_same_model
 from .ops import gather_rows, scatter_rows, swa_slot_mapping
-from .plan.records import KvPlan, ServeConfig
-from .plan.unified_kv import UnifiedKv
+from .plan.records import KvPlan
+from .plan.unified_kv import UnifiedKv, check_plan_tensors
 
 __all__ = ["SequenceExport", "transfer_bytes", "gather_sequence", "scatter_sequence"]
 
 CSA_RATIO = 4
-# The configuration fields that give the buffer's meaning: both sides must agree on them.
-_SHARED_FIELDS = ("block_size", "window", "compress_ratios")
-
-
-class SequenceExport(NamedTuple):
-    """A decoding sequence as ``KvManager.describe_sequence`` gives it.
-
-    ``tokens`` (int32): its known tokens, the last sampled one included;
-    ``num_computed``: positions whose KV is computed (``len(tokens) - 1``);
-    ``swa_begin``: the first position whose SWA rows travel
-    (``max(0, num_computed - window + 1)``); ``block_hashes`` (int64 bits of
-    the unsigned hashes): the prefix-cache hash chain of its published blocks;
-    ``logical`` (int32): its logical block ids; ``swa_units`` (int32): the
-    staged SWA table row (an SWA block or unit per page, -1 where it holds
-    none); ``phys`` (``[tables, blocks]`` int32): its staged physical compress
-    tables (one per compress type; the envelope table in the row space);
-    ``config``: the manager's ServeConfig; ``salt``: its cache salt (0: none).
-    The tables are the ones to read
-    rows from on the exporting side, or to write to on the importing side.
-    """
-
-    tokens: torch.Tensor
-    num_computed: int
-    swa_begin: int
-    block_hashes: torch.Tensor
-    logical: torch.Tensor
-    swa_units: torch.Tensor
-    phys: torch.Tensor
-    config: ServeConfig
-    salt: int = 0
 
 
 class _Layer(NamedTuple):
@@ -81,22 +59,30 @@ class _Layer(NamedTuple):
         return self.planes + ([self.indexer] if self.indexer is not None else [])
 
 
-def _check_same_model(export: SequenceExport, side) -> None:
-    """side: a KvPlan or a KvManager (anything with a ServeConfig ``config``)."""
-    if not isinstance(export, SequenceExport):
-        raise TypeError(f"export must be a SequenceExport (KvManager.describe_sequence), got {type(export).__name__}")
-    for name in _SHARED_FIELDS:
-        mine, theirs = getattr(side.config, name), getattr(export.config, name)
-        if mine != theirs:
-            raise ValueError(f"the sequence was exported with {name}={theirs}, this pool has {name}={mine}: the "
-                             f"buffer's rows would mean other positions")
+def _check_current(manager, export: SequenceExport) -> None:
+    """The export must be what ``manager`` describes now: the same admission of a
+    live sequence, with the same tables (a decode step since would have changed them)."""
+    if not isinstance(manager, KvManager):
+        raise TypeError(f"manager must be the KvManager whose tables the export holds, got {type(manager).__name__}")
+    if not manager.has_sequence(export.seq_id):
+        raise ValueError(f"export: sequence {export.seq_id} is not live in manager: describe the sequence in the "
+                         f"manager that holds it")
+    now = manager.describe_sequence(export.seq_id)
+    if now.generation != export.generation:
+        raise ValueError(f"export: sequence {export.seq_id} was deallocated and admitted again since it was "
+                         f"described (generation {export.generation}, now {now.generation}): describe it again")
+    same = (now.num_computed == export.num_computed and now.swa_begin == export.swa_begin
+            and now.cached == export.cached and all(torch.equal(getattr(now, name), getattr(export, name))
+                                                    for name in ("logical", "swa_units", "phys")))
+    if not same:
+        raise ValueError(f"export: sequence {export.seq_id}'s tables changed since it was described (a step ran, "
+                         f"or the export was altered): describe it again right before the transfer")
 
 
 def _layers(plan: KvPlan, kv: UnifiedKv, num_computed: int, swa_begin: int) -> List[_Layer]:
     """Where each layer's rows lie in the buffer, from the tensors' widths."""
+    check_plan_tensors(plan, kv)
     ratios = plan.model.layer_ratios
-    if len(kv.kv) != len(ratios):
-        raise ValueError(f"kv has {len(kv.kv)} layers, the plan's model {len(ratios)}")
     bs = plan.config.block_size
     blocks = -(-num_computed // bs)
     layers, offset = [], 0
@@ -116,7 +102,7 @@ def _layers(plan: KvPlan, kv: UnifiedKv, num_computed: int, swa_begin: int) -> L
 def transfer_bytes(plan: KvPlan, kv: UnifiedKv, export: SequenceExport) -> int:
     """The size in bytes of an exported sequence's transfer buffer, for the KV
     tensors ``kv`` of ``plan`` (the same on both sides for the same model)."""
-    _check_same_model(export, plan)
+    check_same_model(export, plan)
     return sum(layer.nbytes for layer in _layers(plan, kv, export.num_computed, export.swa_begin))
 
 
@@ -154,6 +140,7 @@ def _layer_runs(plan: KvPlan, layer: _Layer, export: SequenceExport, skip_below:
     if any(row < 0 for p, row in enumerate(swa_rows, begin) if p >= skip_below):
         raise RuntimeError(f"the sequence holds no SWA page for a position in [{begin}, {export.num_computed}): "
                            f"its window cannot be transferred")
+    _check_rows("export.swa_units", [row for row in swa_rows if row >= 0], 1, layer.planes[0].shape[0])
     blocks = -(-export.num_computed // bs)
     first_block = skip_below // bs
     runs, offset = _Runs(), 0
@@ -167,6 +154,8 @@ def _layer_runs(plan: KvPlan, layer: _Layer, export: SequenceExport, skip_below:
             k = bs // ratio
             args = plan.compress_args(ratio)
             table = export.phys[0 if config.layout == "row_space" else config.type_of_ratio(ratio)].tolist()
+            _check_rows("export.phys", [args["compress_base"] + table[b] * args["block_stride"]
+                                        for b in range(first_block, blocks)], k, plane.shape[0])
             for b in range(first_block, blocks):
                 row = args["compress_base"] + table[b] * args["block_stride"]
                 runs.add(index, row, k, offset + b * k * row_bytes, row_bytes)
@@ -174,15 +163,29 @@ def _layer_runs(plan: KvPlan, layer: _Layer, export: SequenceExport, skip_below:
     if layer.indexer is not None:
         # Addressed like the layer's compressed rows: by envelope in the row space, else by logical block.
         table = (export.phys[0] if config.layout == "row_space" else export.logical).tolist()
+        _check_rows("export.phys" if config.layout == "row_space" else "export.logical", table[first_block:blocks],
+                    1, layer.indexer.shape[0])
         entry_bytes = layer.indexer.shape[1]
         for b in range(first_block, blocks):
             runs.add(len(layer.planes), table[b], 1, offset + b * entry_bytes, entry_bytes)
     return runs.runs
 
 
-def _transfer(op, plan: KvPlan, kv: UnifiedKv, export: SequenceExport, buffer: torch.Tensor,
+def _check_rows(name: str, firsts: List[int], rows: int, tensor_rows: int) -> None:
+    """Runs of ``rows`` rows from each of ``firsts`` must lie in the tensor and not overlap."""
+    bad = [r for r in firsts if not 0 <= r <= tensor_rows - rows]
+    if bad:
+        raise ValueError(f"{name}: an entry addresses rows {bad[0]}..{bad[0] + rows - 1}, outside the KV tensor's "
+                         f"{tensor_rows} rows")
+    ordered = sorted(firsts)
+    if any(b - a < rows for a, b in zip(ordered, ordered[1:])):
+        raise ValueError(f"{name}: two entries address the same rows")
+
+
+def _transfer(op, plan: KvPlan, kv: UnifiedKv, export: SequenceExport, buffer: torch.Tensor, manager,
               skip_below: int) -> None:
-    _check_same_model(export, plan)
+    check_same_model(export, plan)
+    _check_current(manager, export)
     layers = _layers(plan, kv, export.num_computed, export.swa_begin)
     nbytes = sum(layer.nbytes for layer in layers)
     if buffer.dtype != torch.uint8 or buffer.dim() != 1 or buffer.numel() != nbytes:
@@ -190,31 +193,43 @@ def _transfer(op, plan: KvPlan, kv: UnifiedKv, export: SequenceExport, buffer: t
                          f"sequence and these KV tensors, got {buffer.dtype} {tuple(buffer.shape)}")
     device = buffer.device
     per_class: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
-    for layer in layers:
+    for layer in layers:  # every run list is built, and checked, before any copy
         if layer.ratio not in per_class:
             runs = _layer_runs(plan, layer, export, skip_below)
             per_class[layer.ratio] = (torch.tensor(runs, dtype=torch.int64).view(-1, 4).to(device),
                                       torch.tensor([len(runs)], dtype=torch.int32).to(device))
+    for layer in layers:
         runs, count = per_class[layer.ratio]
         op(layer.sources, runs, count, buffer[layer.offset: layer.offset + layer.nbytes])
 
 
-def gather_sequence(plan: KvPlan, kv: UnifiedKv, export: SequenceExport, buffer: torch.Tensor) -> None:
+def gather_sequence(plan: KvPlan, kv: UnifiedKv, export: SequenceExport, buffer: torch.Tensor, *,
+                    manager: KvManager) -> None:
     """Copy an exported sequence's KV rows from ``kv`` (the tensors of ``plan``, where
-    the exporting manager lives) into ``buffer``: a 1-D uint8 tensor of
+    the exporting ``manager`` lives) into ``buffer``: a 1-D uint8 tensor of
     :func:`transfer_bytes` bytes on the KV tensors' device. One ``gather_rows``
-    kernel per layer on the current stream (the run lists are built on the host)."""
-    _transfer(gather_rows, plan, kv, export, buffer, 0)
+    kernel per layer on the current stream (the run lists are built on the host).
+
+    Refused (ValueError or TypeError naming the argument, nothing copied):
+    an export the manager does not describe identically now (deallocated,
+    its id reused, a step since), KV tensors that are not the plan's, a
+    buffer of another size, table entries outside the tensors."""
+    _transfer(gather_rows, plan, kv, export, buffer, manager, 0)
 
 
 def scatter_sequence(plan: KvPlan, kv: UnifiedKv, export: SequenceExport, buffer: torch.Tensor,
-                     cached: int) -> None:
-    """Copy a transfer buffer into the rows the importing manager gave the sequence.
+                     cached: Optional[int] = None, *, manager: KvManager) -> None:
+    """Copy a transfer buffer into the rows the importing ``manager`` gave the sequence.
 
     ``export`` is the importing manager's ``describe_sequence`` of it, taken
-    after the step's allocations (units may move while others are allocated),
-    ``cached`` the value ``import_sequence`` returned: positions and blocks
-    below it already hold their KV in this pool (a prefix-cache hit, shared
-    read-only with other sequences) and are left alone. In the row-space layout
-    call it after the step's ``apply_row_copies`` and before its forward."""
-    _transfer(scatter_rows, plan, kv, export, buffer, cached)
+    after the step's allocations (units may move while others are allocated).
+    It carries the cached prefix ``import_sequence`` returned
+    (``export.cached``): positions and blocks below it already hold their KV
+    in this pool (a prefix-cache hit, shared read-only with other sequences)
+    and are left alone. ``cached``, if given, must be that value. In the
+    row-space layout call it after the step's ``apply_row_copies`` and before
+    its forward. Refusals as in :func:`gather_sequence`."""
+    if cached is not None and cached != export.cached:
+        raise ValueError(f"cached must be what import_sequence returned for sequence {export.seq_id}, "
+                         f"{export.cached}, got {cached}")
+    _transfer(scatter_rows, plan, kv, export, buffer, manager, export.cached)

@@ -124,8 +124,7 @@ at::Tensor KvManagerHolder::phys_table(int64_t seq_id, int64_t type) {
   return locked([&] { return to_tensor(manager_->phys_table(seq_id, type)); });
 }
 
-std::tuple<at::Tensor, int64_t, int64_t, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t>
-KvManagerHolder::describe_sequence(int64_t seq_id) {
+KvManagerHolder::SequenceDescription KvManagerHolder::describe_sequence(int64_t seq_id) {
   return locked([&] {
     const KvManager& m = *manager_;
     m.check_exportable(seq_id);
@@ -140,7 +139,7 @@ KvManagerHolder::describe_sequence(int64_t seq_id) {
     const int64_t computed = m.num_computed(seq_id);
     return std::make_tuple(to_tensor(m.tokens(seq_id)), computed, m.transfer_swa_begin(computed), hash_tensor,
                            logical, to_tensor(m.staged_swa_table(seq_id)), phys,
-                           static_cast<int64_t>(m.salt(seq_id)));
+                           static_cast<int64_t>(m.salt(seq_id)), m.generation(seq_id), m.cached_prefix(seq_id));
   });
 }
 

@@ -47,9 +47,11 @@ class KvManagerHolder : public torch::CustomClassHolder {
 
   // A decoding sequence for export: (tokens, num_computed, the first position
   // whose SWA rows travel, block hashes, logical table, staged SWA units,
-  // staged physical tables [tables, blocks]).
-  std::tuple<at::Tensor, int64_t, int64_t, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> describe_sequence(
-      int64_t seq_id);
+  // staged physical tables [tables, blocks], salt, the admission's
+  // generation, the cached prefix its admission returned).
+  using SequenceDescription =
+      std::tuple<at::Tensor, int64_t, int64_t, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t>;
+  SequenceDescription describe_sequence(int64_t seq_id);
   int64_t import_sequence(int64_t seq_id, const at::Tensor& tokens, int64_t num_computed, int64_t salt);
 
   void stage(const at::Tensor& seq_ids);

@@ -7,6 +7,7 @@
 
 #include "core/common/errors.h"
 #include "core/config/sizing.h"
+#include "ops/host_list_checks.h"
 
 namespace ukv::ops {
 namespace {
@@ -116,9 +117,21 @@ class ArgChecker {
     };
     const int32_t page = field(0, "page tokens", 1);
     const int32_t group = field(3, "group", 1);
+    const int32_t unit_rows = field(1, "unit rows", 1), offset = field(2, "offset", 0);
+    const int32_t group_stride = field(4, "group stride", 1);
     TORCH_CHECK_VALUE(page % group == 0, op_, ": ", name, ": the group ", group, " must divide the page ", page);
-    return {kernels::make_divisor(page), field(1, "unit rows", 1), field(2, "offset", 0),
-            kernels::make_divisor(group), field(4, "group stride", 1)};
+    // Pages tile the blocks: a page that does not divide block_size means the
+    // constants belong to another configuration.
+    TORCH_CHECK_VALUE(bs % page == 0, op_, ": ", name, ": the page of ", page, " tokens must divide block_size ",
+                      bs, " (swa_rows and block_size of one configuration: KvPlan.swa_rows)");
+    // A page's rows span this many rows from the offset: pages of different
+    // units must not share rows, nor the groups of one page.
+    const int64_t span = static_cast<int64_t>(page / group - 1) * group_stride + group;
+    TORCH_CHECK_VALUE((page == group || group_stride >= group) && span <= unit_rows, op_, ": ", name,
+                      ": a page's rows (", page / group, " groups of ", group, ", ", group_stride,
+                      " rows apart: ", span, " rows) must fit in a unit of ", unit_rows,
+                      " rows with groups that do not overlap");
+    return {kernels::make_divisor(page), unit_rows, offset, kernels::make_divisor(group), group_stride};
   }
 
   // The outputs of one call share the SWA units: one page size, one unit size.
@@ -366,6 +379,8 @@ kernels::RowCopyParams check(c10::DeviceType device_type, const ApplyRowCopies::
     p.row_bytes[i] = plane.size(1) * static_cast<int64_t>(plane.element_size());
   }
   p.plane_rows = planes.empty() ? 0 : planes[0].size(0);
+  // Without planes nothing is copied, whatever the list holds.
+  if (device_type == c10::DeviceType::CPU && !planes.empty()) check_host_copies(p);
   return p;
 }
 
@@ -414,6 +429,7 @@ kernels::RowTransferParams check_transfer(const char* op, c10::DeviceType device
     p.tensor_rows[i] = t.size(0);
   }
   p.to_buffer = to_buffer;
+  if (device_type == c10::DeviceType::CPU) check_host_runs(op, p);
   return p;
 }
 

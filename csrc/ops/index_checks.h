@@ -3,9 +3,10 @@
 // sizes, strides and scalar ranges, and returns the raw kernel parameters.
 // device_type is the backend's (CPU or CUDA): a tensor elsewhere is refused by
 // name, rather than read through a pointer of the wrong kind.
-// Data values are not inspected (that would need a host sync on the GPU); the
+// Data values are not inspected on the GPU (that would need a host sync); the
 // kernels are written so that no value can make them access memory out of
-// bounds (csrc/kernels/index_formulas.h).
+// bounds (csrc/kernels/index_formulas.h). On the host the row-copy and
+// row-run lists are checked entry by entry (host_list_checks.h).
 //
 // A failure names the op, the argument and the expectation: TypeError for a
 // wrong dtype, RuntimeError for a wrong device, ValueError for the rest.

@@ -137,5 +137,24 @@ TEST(KvManagerTransfer, BadImportsAndExportsThrowWithNothingChanged) {
   EXPECT_EQ(r.to_state(), r_before);
 }
 
+TEST(KvManagerTransfer, GenerationAndCachedPrefixSurviveStateAndChangeWithReuse) {
+  KvManager a(config(KvLayout::Upstream), pools(32));
+  decoding(a, 1, tokens(700, 8));
+  const int64_t first = a.generation(1);
+  const auto t = known(a, 1);
+  KvManager b(config(KvLayout::Upstream), pools(32));
+  decoding(b, 2, tokens(300, 8));  // B caches the first two blocks of the same tokens
+  const int64_t cached = b.import_sequence(5, t.data(), static_cast<int64_t>(t.size()), 700);
+  EXPECT_EQ(cached, 2 * kBs);
+  EXPECT_EQ(b.cached_prefix(5), cached);  // what the scatter must leave alone
+  EXPECT_EQ(b.generation(5), 2);          // B's second admission
+  EXPECT_EQ(KvManager::from_state(b.to_state())->cached_prefix(5), cached);
+  EXPECT_EQ(KvManager::from_state(b.to_state())->generation(5), 2);
+  const int64_t id = 1;
+  a.deallocate(&id, 1);
+  decoding(a, 1, tokens(700, 8));
+  EXPECT_GT(a.generation(1), first);  // the same id again: another admission
+}
+
 }  // namespace
 }  // namespace ukv

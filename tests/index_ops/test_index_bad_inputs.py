@@ -197,6 +197,15 @@ def swa_rows_cases():
                 yield pytest.param(call_name, arg, [128, 392, 5, group, group],
                                    rf"{arg}: the group {group} must divide the page 128",
                                    id=f"{call_name}-{arg}-group={group}")
+            for page in (48, 256):  # constants of another block size
+                yield pytest.param(call_name, arg, [page, 392, 5, page // 2, page // 2],
+                                   rf"{arg}: the page of {page} tokens must divide block_size 128",
+                                   id=f"{call_name}-{arg}-page={page}")
+            for unit, stride in ((127, 64), (392, 63)):  # a page spilling into the next unit, overlapping groups
+                yield pytest.param(call_name, arg, [128, unit, 5, 64, stride],
+                                   rf"{arg}: a page's rows \(2 groups of 64, {stride} rows apart: {64 + stride} rows\) "
+                                   rf"must fit in a unit of {unit} rows with groups that do not overlap",
+                                   id=f"{call_name}-{arg}-unit={unit}-stride={stride}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -212,8 +221,8 @@ MISMATCHED_UNITS = [
     ({"swa_rows": [128, 392, 0, 128, 128], "csa_swa_rows": [64, 392, 0, 64, 64]}, "csa_swa_rows", 128, 392, 64, 392),
     ({"swa_rows": [128, 392, 0, 128, 128], "csa_swa_rows": [128, 392, 3, 2, 5],
       "hca_swa_rows": [128, 400, 0, 128, 128]}, "hca_swa_rows", 128, 392, 128, 400),
-    ({"swa_rows": [128, 392, 0, 128, 128], "csa_swa_rows": [128, 392, 9, 64, 64], "hca_swa_rows": [256, 392, 0, 1, 1]},
-     "hca_swa_rows", 128, 392, 256, 392),
+    ({"swa_rows": [128, 392, 0, 128, 128], "csa_swa_rows": [128, 392, 9, 64, 64], "hca_swa_rows": [64, 392, 0, 1, 1]},
+     "hca_swa_rows", 128, 392, 64, 392),
     ({"swa_rows": None, "csa_swa_rows": [128, 392, 9, 64, 64]}, "csa_swa_rows", 128, 128, 128, 392),
     ({"swa_rows": [64, 128, 0, 64, 64]}, "csa_swa_rows", 64, 128, 128, 128),
 ]
@@ -300,13 +309,20 @@ def test_apply_row_copies_bad_planes(device, label):
 @pytest.mark.parametrize("device", DEVICES)
 def test_apply_row_copies_accepts_any_contiguous_plane(device):
     """A single-column plane (any stride of a size-1 dimension), an empty plane
-    and a plane of zero width are contiguous: accepted, and copied like the rest."""
+    and a plane of zero width are contiguous: accepted, and copied like the rest
+    (copies into a plane of no rows lie outside it: refused on the host,
+    skipped on the GPU; with no planes nothing is copied)."""
     tensors, scalars = valid_calls(device)["apply_row_copies"]
     column = torch.arange(PLANE_ROWS, dtype=torch.float64, device=device).reshape(1, -1).t()
     assert column.stride() == (1, PLANE_ROWS)
     call("apply_row_copies", {**tensors, "planes": [column, torch.zeros(PLANE_ROWS, 0, device=device)]}, scalars)
     assert column[8:12, 0].tolist() == [0, 1, 2, 3]
-    call("apply_row_copies", {**tensors, "planes": [torch.zeros(0, 4, device=device)]}, scalars)
+    empty = {**tensors, "planes": [torch.zeros(0, 4, device=device)]}
+    if torch.device(device).type == "cpu":
+        with pytest.raises(ValueError, match=r"apply_row_copies: copies\[0\] = \(0, 8, 4\) .* the planes' 0 rows"):
+            call("apply_row_copies", empty, scalars)
+    else:
+        call("apply_row_copies", empty, scalars)
     call("apply_row_copies", {**tensors, "planes": []}, scalars)
 
 

@@ -214,22 +214,34 @@ def test_apply_row_copies_phases_run_in_order(device):
     assert wide.tolist() == [[4.0 * r + j for j in range(4)] for r in source]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_apply_row_copies_skips_entries_outside_the_planes(device):
-    plane = torch.arange(8, dtype=torch.int32, device=device).reshape(8, 1)
+@pytest.mark.gpu
+def test_apply_row_copies_skips_entries_outside_the_planes_on_the_device():
+    plane = torch.arange(8, dtype=torch.int32, device="cuda").reshape(8, 1)
     copies = i32([[6, 0, 3], [0, 6, 3], [-1, 0, 1], [0, -1, 1], [0, 1, 0], [1, 0, -2], [2**31 - 1, 0, 1],
-                  [0, 0, 2**31 - 1], [6, 0, 2]], device)
-    ukv_torch.apply_row_copies([plane], copies, i32([9], device))
+                  [0, 0, 2**31 - 1], [6, 0, 2]], "cuda")
+    ukv_torch.apply_row_copies([plane], copies, i32([9], "cuda"))
     assert plane.flatten().tolist() == [6, 7, 2, 3, 4, 5, 6, 7]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_apply_row_copies_skips_an_entry_whose_ranges_overlap(device):
-    """A parallel copy of overlapping ranges has no defined result: skipped on
-    every device, while a touching but disjoint pair of ranges is copied."""
-    plane = torch.arange(8, dtype=torch.int32, device=device).reshape(8, 1)
-    ukv_torch.apply_row_copies([plane], i32([[0, 2, 3], [3, 1, 3], [4, 4, 1], [0, 6, 2]], device), i32([4], device))
+@pytest.mark.gpu
+def test_apply_row_copies_skips_an_entry_whose_ranges_overlap_on_the_device():
+    """A parallel copy of overlapping ranges has no defined result: skipped,
+    while a touching but disjoint pair of ranges is copied."""
+    plane = torch.arange(8, dtype=torch.int32, device="cuda").reshape(8, 1)
+    ukv_torch.apply_row_copies([plane], i32([[0, 2, 3], [3, 1, 3], [4, 4, 1], [0, 6, 2]], "cuda"), i32([4], "cuda"))
     assert plane.flatten().tolist() == [0, 1, 2, 3, 4, 5, 0, 1]
+
+
+@pytest.mark.parametrize("entry", [[6, 0, 3], [-1, 0, 1], [0, -1, 1], [0, 1, 0], [1, 0, -2], [2**31 - 1, 0, 1],
+                                   [0, 0, 2**31 - 1], [0, 2, 3]])
+def test_apply_row_copies_refuses_a_bad_entry_on_the_host(entry):
+    """Outside the planes, no rows, or overlapping itself: refused naming the entry, nothing copied."""
+    plane = torch.arange(8, dtype=torch.int32).reshape(8, 1)
+    with pytest.raises(ValueError, match=r"apply_row_copies: copies\[1\] = \(" + f"{entry[0]}, {entry[1]}"):
+        ukv_torch.apply_row_copies([plane], i32([[4, 5, 1], entry], "cpu"), i32([2], "cpu"))
+    assert plane.flatten().tolist() == list(range(8))
+    ukv_torch.apply_row_copies([plane], i32([[3, 1, 2], [6, 5, 1]], "cpu"), i32([2], "cpu"))  # touching, disjoint: copied
+    assert plane.flatten().tolist() == [0, 3, 4, 3, 4, 6, 6, 7]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -253,7 +265,9 @@ def test_apply_row_copies_random(device, seed):
     rng = random.Random(seed)
     num_rows = rng.choice([1, 2, 17, 64, 300])
     planes = random_planes(rng, num_rows, device)
-    run_and_compare(planes, random_copy_case(rng, num_rows, max_copies=rng.choice([1, 8, 40])), device)
+    for invalid in (True, False):  # on the host an invalid list is refused: a valid one must run too
+        run_and_compare(planes, random_copy_case(rng, num_rows, max_copies=rng.choice([1, 8, 40]), invalid=invalid),
+                        device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -372,7 +386,7 @@ def test_apply_row_copies_compiled(backend):
         rng = random.Random(seed)
         planes = random_planes(rng, 40, "cpu", num_planes=2)
         planes = [planes[0].view(torch.uint8).contiguous(), torch.randn(40, 3)]
-        case = random_copy_case(rng, 40, num_phases=3)
+        case = random_copy_case(rng, 40, num_phases=3, invalid=False)
         expected = expected_bytes(planes, case)
         compiled(*planes, copies_tensor(case, "cpu"), torch.tensor(case.counts, dtype=torch.int32))
         assert [plane_bytes(p) for p in planes] == expected

@@ -1,8 +1,9 @@
-"""Moving a decoding request between two engines of examples/engine_loop.py:
-engine A prefills it (and decodes a while), sends it (describe_sequence,
-gather_sequence), engine B of another layout or size, busy with its own
-requests, receives it (import_sequence, retried while B answers NOT_NOW;
-scatter_sequence) and decodes it to the end. Both engines serve every request
+"""Moving a decoding request between two engines of examples/engine_loop.py,
+in the transfer order: engine A prefills it (and decodes a while) and
+describes it; engine B of another layout or size, busy with its own requests,
+admits it first (import_sequence, retried while B answers NOT_NOW, A keeping
+the request meanwhile); only then A gathers its rows, B scatters them, and A
+releases it; B decodes it to the end. Both engines serve every request
 with every index reading the tag its position expects (tagged_model.py): B's
 reads of the moved request's window and compressed entries, and later
 requests' prefix hits on the blocks it published, all find the right KV."""
@@ -68,12 +69,18 @@ def test_a_request_moves_between_layouts(a_layout, b_layout, b_args, b_busy):
         run_until(b, lambda: b.steps >= 20)
     run_until(a, lambda: ready_to_move(a, 300) is not None)
     r = ready_to_move(a, 300)
-    export, buffer = a.send(r)
+    export = a.describe(r)
     assert export.num_computed == r.computed and export.tokens.tolist() == r.tokens
     moved = renamed(r)
-    while (cached := b.receive(moved, export, buffer)) == KvManager.NOT_NOW:  # B's requests hold the room
+    while (cached := b.admit_moved(moved, export)) == KvManager.NOT_NOW:  # B's requests hold the room
+        assert a.mgr.has_sequence(r.rid) and r in a.running  # a refusal keeps it on the sender
         assert b.steps < 3000 and not b.failed()
         b.step()
+    buffer = b.transfer_buffer(moved)
+    a.send(r, buffer)
+    b.receive(moved, buffer)
+    a.release(r)
+    assert not a.mgr.has_sequence(r.rid) and r not in a.running
     assert (cached > 0) == b_busy
     assert b.mgr.num_computed(MOVED_ID) == r.computed and b.mgr.num_tokens(MOVED_ID) == len(r.tokens)
     # It decodes on B from the KV that travelled (B may preempt it later: then it is recomputed there).
@@ -92,9 +99,12 @@ def test_the_check_fails_if_the_rows_do_not_travel():
     a, b = engine("row_space"), engine("elastic")
     run_until(a, lambda: ready_to_move(a, 300) is not None)
     r = ready_to_move(a, 300)
-    export, buffer = a.send(r)
-    buffer.zero_()
     moved = renamed(r)
-    assert b.receive(moved, export, buffer) >= 0
+    assert b.admit_moved(moved, a.describe(r)) >= 0
+    buffer = b.transfer_buffer(moved)
+    a.send(r, buffer)
+    buffer.zero_()
+    b.receive(moved, buffer)
+    a.release(r)
     b.step()
     assert b.model.mismatches

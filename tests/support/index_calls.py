@@ -48,10 +48,10 @@ def row_space_args(step):
 
 PLANE_ROWS = 24
 # (src_row, dst_row, rows) in three phases of two: phase 1 reads the rows phase
-# 0 wrote (8..11) and writes rows phase 0 read (0..1); phase 2 has an entry
-# past the planes and one with a negative row, both skipped; the last entry is
-# past every phase's count and is not applied.
-COPIES = [[0, 8, 4], [12, 20, 3], [8, 16, 4], [4, 0, 2], [22, 0, 3], [-1, 5, 1], [0, 1, 5]]
+# 0 wrote (8..11) and writes rows phase 0 read (0..1); phase 2 copies the last
+# rows to the front; the last entry is past every phase's count and is not
+# applied (on the host it is not even checked).
+COPIES = [[0, 8, 4], [12, 20, 3], [8, 16, 4], [4, 0, 2], [22, 2, 2], [5, 6, 1], [0, 1, 5]]
 COPY_COUNTS = [2, 2, 2]
 
 

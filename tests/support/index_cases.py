@@ -134,9 +134,16 @@ def divisors(n):
 
 
 def random_class_rows(rng, page, unit_rows):
-    """One layer class's valid constants in units of (page, unit_rows)."""
+    """One layer class's valid constants in units of (page, unit_rows >= page): the
+    page's groups do not overlap and span at most a unit (the group stride of a
+    page of one group is never used)."""
     group = rng.choice([page, 1] + divisors(page))
-    group_stride = rng.choice([group, group + rng.randint(1, 9), rng.randint(1, 3 * group)])
+    groups = page // group
+    if groups == 1:
+        group_stride = rng.randint(1, 3 * group)
+    else:
+        widest = (unit_rows - group) // (groups - 1)
+        group_stride = rng.choice([group, rng.randint(group, widest), widest])
     return [page, unit_rows, rng.randint(0, 2 * unit_rows), group, group_stride]
 
 
@@ -145,8 +152,8 @@ def random_row_space(rng, block_size, csa_k, hca_k, *, page=None):
     its own offset, group and group stride (so the three outputs' rows
     differ), sometimes a class in the slot formula (when page and unit rows
     are block_size), block strides of k or an envelope past it."""
-    page = page or rng.choice([block_size, block_size, 16, 32, 48, 64, 96, 2 * block_size])
-    unit_rows = rng.choice([page, block_size, 3 * page, 3 * page + rng.randint(1, 50), rng.randint(1, 4 * page)])
+    page = page or rng.choice([p for p in (block_size, block_size, 16, 32, 48, 64, 96) if block_size % p == 0])
+    unit_rows = rng.choice([page, block_size, 3 * page, 3 * page + rng.randint(1, 50), rng.randint(page, 4 * page)])
     plain_ok = page == block_size and unit_rows == block_size
     sets = [None if plain_ok and rng.random() < 0.3 else random_class_rows(rng, page, unit_rows) for _ in range(3)]
 

@@ -13,7 +13,7 @@ from ukv_torch.testing.kv_events_model import REMOVED, STORED
 from ukv_torch.testing.kv_manager_model import _Seq
 from ukv_torch.testing.slot_pools_model import OrderedIds
 
-_HEADER = 3
+_HEADER = 3  # magic, kind, format version
 _U64 = (1 << 64) - 1
 STAT_ORDER = ["admissions", "admission_refusals", "appends", "append_refusals", "prefix_query_blocks",
               "compressed_hit_blocks", "prefix_hit_blocks", "reclaimed_slots", "reclaimed_blocks",
@@ -77,6 +77,7 @@ def read_sequence(r, ppb):
     s.swa = list(r.take(len(s.logical) * ppb))
     s.hashes = [h & _U64 for h in r.vec()]
     s.salt = r.next() & _U64
+    r.take(2)  # its admission's generation and cached prefix (transfers check them; the model has no transfers)
     return sid, s
 
 
@@ -108,6 +109,7 @@ def adopt(model, state):
     assert serve.layout == "row_space", "adopt() reads the row-space layout's state only"
     (env_bound, env_cached, env_ev), (swa_bound, swa_cached, swa_ev) = read_row_space(r)
     set_kind(model.rows.env, env_bound, env_cached, env_ev, r.vec())
+    r.next()  # the copies this step's appends added (the copy list's decode share)
     blocks = read_ids(r, serve.block_size)
     model.ref = [ref for ref, _, _ in blocks]
     model.hash = [h for _, h, _ in blocks]

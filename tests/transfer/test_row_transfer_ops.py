@@ -1,6 +1,7 @@
 """gather_rows and scatter_rows: row runs of up to four 2-D tensors (any
 dtype, strided rows) to and from one byte buffer, against a reference; the
-run count read from a tensor; runs outside a tensor or the buffer skipped;
+run count read from a tensor; runs outside a tensor or the buffer, or
+writing one place twice, refused on the host (skipped on the GPU);
 every argument checked by name with nothing written; opcheck and
 torch.compile; on a GPU, the same bytes with no allocation, graph replays
 reading new runs and counts, and torch.compile with reduce-overhead."""
@@ -102,11 +103,14 @@ def test_run_count_comes_from_the_tensor(device, count):
     assert torch.equal(buffer.cpu(), reference_gather([t.cpu() for t in tensors], runs, count, nbytes))
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("bad", [[3, 0, 1, 0], [-1, 0, 1, 0], [0, -1, 1, 0], [0, 39, 2, 0], [0, 0, 0, 0],
-                                 [0, 0, -2, 0], [0, 0, 1, -1], [0, 0, 1, 100], [0, 0, 2**40, 0],
-                                 [0, 2**62, 2, 0], [0, 0, 1, 2**62]])
-def test_runs_outside_a_tensor_or_the_buffer_are_skipped(device, bad):
+BAD_RUNS = [[3, 0, 1, 0], [-1, 0, 1, 0], [0, -1, 1, 0], [0, 39, 2, 0], [0, 0, 0, 0], [0, 0, -2, 0], [0, 0, 1, -1],
+            [0, 0, 1, 100], [0, 0, 2**40, 0], [0, 2**62, 2, 0], [0, 0, 1, 2**62]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bad", BAD_RUNS)
+def test_runs_outside_a_tensor_or_the_buffer_are_skipped_on_the_device(bad):
+    device = "cuda"
     tensors = make_tensors(device)[:3]
     good = [1, 0, 2, 0]  # 12 bytes at 0
     buffer = torch.full((110,), 7, dtype=torch.uint8, device=device)
@@ -117,14 +121,42 @@ def test_runs_outside_a_tensor_or_the_buffer_are_skipped(device, bad):
     assert all(torch.equal(a, b) for a, b in zip(targets, tensors))
 
 
+@pytest.mark.parametrize("op", ["gather_rows", "scatter_rows"])
+@pytest.mark.parametrize("bad", BAD_RUNS)
+def test_runs_outside_a_tensor_or_the_buffer_are_refused_on_the_host(op, bad):
+    """Named by index, before anything is copied (the good run before it included)."""
+    tensors = make_tensors("cpu")[:3]
+    before = [t.clone() for t in tensors]
+    buffer = torch.full((110,), 7, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=rf"{op}: runs\[1\] = \({bad[0]}, {bad[1]}, {bad[2]}, {bad[3]}\)"):
+        getattr(ukv_torch, op)(tensors, *run_tensors([[1, 0, 2, 0], bad], 2, "cpu"), buffer)
+    assert buffer.tolist() == [7] * 110
+    assert all(torch.equal(a, b) for a, b in zip(tensors, before))
+
+
+@pytest.mark.parametrize("op, runs, what", [
+    ("scatter_rows", [[0, 3, 2, 0], [0, 4, 1, 40]], "tensor rows"),     # rows 3-4 and 4 of one tensor
+    ("scatter_rows", [[1, 0, 3, 0], [1, 2, 3, 20]], "tensor rows"),
+    ("gather_rows", [[0, 0, 1, 0], [0, 5, 1, 19]], "buffer bytes"),     # bytes 0-19 and 19-38
+    ("gather_rows", [[2, 0, 2, 30], [1, 0, 1, 40]], "buffer bytes")])
+def test_runs_that_write_the_same_place_are_refused_on_the_host(op, runs, what):
+    tensors = make_tensors("cpu")
+    before = [t.clone() for t in tensors]
+    buffer = torch.full((110,), 7, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=rf"{op}: runs\[\d\] and runs\[\d\] write the same {what}"):
+        getattr(ukv_torch, op)(tensors, *run_tensors(runs, 2, "cpu"), buffer)
+    assert buffer.tolist() == [7] * 110
+    assert all(torch.equal(a, b) for a, b in zip(tensors, before))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty_inputs(device):
     tensors = make_tensors(device)
     buffer = torch.full((8,), 7, dtype=torch.uint8, device=device)
     ukv_torch.gather_rows(tensors, torch.zeros(0, 4, dtype=torch.int64, device=device),
                           torch.tensor([3], dtype=torch.int32, device=device), buffer)
-    ukv_torch.gather_rows([], *run_tensors([[0, 0, 1, 0]], 1, device), buffer)
-    ukv_torch.scatter_rows([], *run_tensors([[0, 0, 1, 0]], 1, device), buffer)
+    ukv_torch.gather_rows([], *run_tensors([[0, 0, 1, 0]], 0, device), buffer)
+    ukv_torch.scatter_rows([], *run_tensors([[0, 0, 1, 0]], 0, device), buffer)
     assert buffer.tolist() == [7] * 8
 
 

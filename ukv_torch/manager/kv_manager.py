@@ -23,31 +23,39 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from .kv_events import KvEvent, events_from_tensors
-from .prefix_hashing import Salt, salt_arg
+from .prefix_hashing import Salt, int_list, salt_arg
 from ..plan.records import KvPlan, PoolSizes, ServeConfig
-from ..transfer import SequenceExport, _check_same_model
+from .sequence_export import SequenceExport, check_same_model
 
 __all__ = ["KvManager", "table_index", "staged_tables_shape"]
 
 IntsLike = Union[torch.Tensor, Sequence[int]]
 
 
-def _ids(x: IntsLike) -> torch.Tensor:
-    return x if isinstance(x, torch.Tensor) else torch.tensor(list(x), dtype=torch.int64)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _ids(x: IntsLike, name: str = "seq_ids") -> torch.Tensor:
+    # int64, which the torch class checks value by value; a float or an int
+    # past 64 bits is refused here naming the argument (a conversion would
+    # truncate it, or fail with an anonymous overflow error).
+    return x if isinstance(x, torch.Tensor) else torch.tensor(int_list(x, name, *_INT64), dtype=torch.int64)
+
+
+def _seq_id(seq_id: int) -> int:
+    """One sequence id as the torch class takes it (int64)."""
+    return int_list([seq_id], "seq_id", *_INT64)[0]
 
 
 def _counts(x: Union[int, IntsLike], n: int) -> torch.Tensor:
     """One count per sequence: an int is every sequence's."""
     if isinstance(x, int) and not isinstance(x, bool):
-        return torch.full((n,), x, dtype=torch.int64)
-    return _ids(x)
+        return torch.full((n,), int_list([x], "num_new_tokens", *_INT64)[0], dtype=torch.int64)
+    return _ids(x, "num_new_tokens")
 
 
 def _tokens(x: IntsLike) -> torch.Tensor:
-    # int64, which the torch class narrows to int32 checking each value, so an
-    # out-of-range token is refused naming the argument instead of failing
-    # the conversion here with an anonymous overflow error.
-    return x if isinstance(x, torch.Tensor) else torch.tensor(list(x), dtype=torch.int64)
+    return _ids(x, "tokens")
 
 
 class KvManager:
@@ -116,7 +124,7 @@ class KvManager:
         the same salt. None (or 0) is no salt; an int in [0, 2^64) or bytes
         (:func:`ukv_torch.cache_salt`). A resumed request passes its salt
         again. A bad salt is a TypeError / ValueError naming it."""
-        return self.torch_object.allocate(seq_id, _tokens(tokens), salt_arg(salt))
+        return self.torch_object.allocate(_seq_id(seq_id), _tokens(tokens), salt_arg(salt))
 
     # --- prefill ---
     def ensure_for_tokens(self, seq_ids: IntsLike, counts: IntsLike) -> None:
@@ -129,7 +137,7 @@ class KvManager:
         :func:`ukv_torch.swa_slot_mapping` maps to a row: the model writes SWA KV
         there. Once per chunk, with its exact count, which commit_prefill then
         commits. Not for decoding sequences."""
-        self.torch_object.ensure_for_tokens(_ids(seq_ids), _ids(counts))
+        self.torch_object.ensure_for_tokens(_ids(seq_ids), _ids(counts, "counts"))
 
     def commit_prefill(self, seq_ids: IntsLike, counts: IntsLike, sampled: Optional[IntsLike] = None) -> None:
         """After the forward: the chunks' KV was computed.
@@ -144,7 +152,7 @@ class KvManager:
         ``num_tokens == num_computed + 1`` between steps."""
         ids = _ids(seq_ids)
         samp = torch.full((ids.numel(),), -1, dtype=torch.int32) if sampled is None else _tokens(sampled)
-        self.torch_object.commit_prefill(ids, _ids(counts), samp)
+        self.torch_object.commit_prefill(ids, _ids(counts, "counts"), samp)
 
     # --- decode ---
     def can_append(self, seq_ids: IntsLike, num_new_tokens: Union[int, IntsLike] = 1) -> int:
@@ -168,7 +176,7 @@ class KvManager:
         + 1, in [1, the count append() scheduled], positions whose KV is now final.
         ``tokens`` are those positions' successors, concatenated per sequence: the
         accepted drafts, then the bonus token (``sum(counts)`` in all)."""
-        self.torch_object.commit_decode(_ids(seq_ids), _ids(counts), _tokens(tokens))
+        self.torch_object.commit_decode(_ids(seq_ids), _ids(counts, "counts"), _tokens(tokens))
 
     def deallocate(self, seq_ids: Union[int, IntsLike]) -> None:
         """End sequences, finished or preempted: their blocks and SWA pages are released.
@@ -192,9 +200,11 @@ class KvManager:
         until you deallocate it (after :func:`ukv_torch.gather_sequence` has
         read its rows). Called on the importing side after import_sequence, it
         gives the rows :func:`ukv_torch.scatter_sequence` writes."""
-        tokens, computed, swa_begin, hashes, logical, swa_units, phys, salt = self.torch_object.describe_sequence(seq_id)
+        seq_id = _seq_id(seq_id)
+        (tokens, computed, swa_begin, hashes, logical, swa_units, phys, salt, generation,
+         cached) = self.torch_object.describe_sequence(seq_id)
         return SequenceExport(tokens, computed, swa_begin, hashes, logical, swa_units, phys, self.config,
-                              salt & ((1 << 64) - 1))
+                              salt & ((1 << 64) - 1), seq_id, generation, cached)
 
     def import_sequence(self, seq_id: int, export: SequenceExport) -> int:
         """Admit a sequence another manager exported, as decoding.
@@ -211,40 +221,40 @@ class KvManager:
         block_size, window and compress_ratios (ValueError otherwise), and the
         manager must not be configured with full_retain. The sequence keeps
         its cache salt (``export.salt``), so its blocks hit as they did there."""
-        _check_same_model(export, self)
-        return self.torch_object.import_sequence(seq_id, _tokens(export.tokens), export.num_computed,
+        check_same_model(export, self)
+        return self.torch_object.import_sequence(_seq_id(seq_id), _tokens(export.tokens), export.num_computed,
                                                  salt_arg(export.salt))
 
     # --- inspection ---
     def has_sequence(self, seq_id: int) -> bool:
         """Whether seq_id is live: allocated and not deallocated."""
-        return self.torch_object.has_sequence(seq_id)
+        return self.torch_object.has_sequence(_seq_id(seq_id))
 
     def num_computed(self, seq_id: int) -> int:
         """Positions of the sequence whose KV is computed and committed."""
-        return self.torch_object.num_computed(seq_id)
+        return self.torch_object.num_computed(_seq_id(seq_id))
 
     def num_tokens(self, seq_id: int) -> int:
         """Tokens the sequence knows: its prompt, then the committed sampled tokens. A
         decoding sequence knows one more than it computed: the last sampled token,
         whose KV the next step computes."""
-        return self.torch_object.num_tokens(seq_id)
+        return self.torch_object.num_tokens(_seq_id(seq_id))
 
     def logical_table(self, seq_id: int) -> torch.Tensor:
         """The sequence's logical block ids (int32, one per block)."""
-        return self.torch_object.logical_table(seq_id)
+        return self.torch_object.logical_table(_seq_id(seq_id))
 
     def swa_table(self, seq_id: int) -> torch.Tensor:
         """The sequence's SWA pages (int32, one per page, -1 for a page it does not hold)
         by the manager's page ids; in the row space the staged 'swa' table holds the
         units they are in."""
-        return self.torch_object.swa_table(seq_id)
+        return self.torch_object.swa_table(_seq_id(seq_id))
 
     def phys_table(self, seq_id: int, type_index: int) -> torch.Tensor:
         """The sequence's physical compress blocks as staged, for the compress type at
         ``type_index`` in compress_ratios (``config.type_of_ratio(r)``): logical ids
         in the static split, envelope ids in the row space (type 0)."""
-        return self.torch_object.phys_table(seq_id, type_index)
+        return self.torch_object.phys_table(_seq_id(seq_id), type_index)
 
     def stats(self) -> Dict[str, int]:
         """Counters since construction and gauges of the current state; docs/serving-loop.md

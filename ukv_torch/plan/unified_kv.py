@@ -11,7 +11,7 @@ import torch
 
 from .records import KvPlan, ServeConfig
 
-__all__ = ["UnifiedKv", "allocate_unified_kv"]
+__all__ = ["UnifiedKv", "allocate_unified_kv", "check_plan_tensors"]
 
 _ELEMENT = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}
 
@@ -29,12 +29,15 @@ class UnifiedKv(NamedTuple):
     layer's base row; empty in the slot layouts. Row indices the index ops
     produce are relative to a layer's tensor: an attention kernel must compute
     byte offsets from them in 64 bits (rows times row bytes pass 2^31 bytes).
+    ``plan`` is the plan they were allocated for (None from the keyword form):
+    two plans of one model may give tensors of the same shapes.
     """
 
     kv: List[torch.Tensor]
     rope: List[Optional[torch.Tensor]]
     indexer: Sequence[Optional[torch.Tensor]] = ()
     planes: Sequence[torch.Tensor] = ()
+    plan: Optional[KvPlan] = None
 
 
 def _dtype_of(name: str, dtype: Optional[torch.dtype], elem_bytes: int) -> torch.dtype:
@@ -83,7 +86,7 @@ def _allocate_plan(plan: KvPlan, dtype, rope_dtype, device) -> UnifiedKv:
             row_bytes = plane.shape[1] * plane.element_size()
             indexer.append(_indexer_view(plane, plan.layer_indexer_offsets[layer], envelope * row_bytes, blocks,
                                          k_csa, entry))
-        return UnifiedKv(kv, ropes, indexer, planes)
+        return UnifiedKv(kv, ropes, indexer, planes, plan)
     kv = [torch.zeros(rows, model.head_dim, dtype=dtype, device=device) for rows in plan.layer_rows]
     ropes = [torch.zeros(rows, model.rope_head_dim, dtype=rope_dtype, device=device) if rope_dtype else None
              for rows in plan.layer_rows]
@@ -94,7 +97,7 @@ def _allocate_plan(plan: KvPlan, dtype, rope_dtype, device) -> UnifiedKv:
                            device=device)
         for j, layer in enumerate(csa_layers):
             indexer[layer] = pool[j]
-    return UnifiedKv(kv, ropes, indexer, [])
+    return UnifiedKv(kv, ropes, indexer, [], plan)
 
 
 def allocate_unified_kv(
@@ -184,3 +187,63 @@ def _allocate_by_keywords(
         rope.append(None if rope_head_dim is None
                     else torch.zeros(rows, rope_head_dim, dtype=rope_dtype, device=device))
     return UnifiedKv(kv, rope, [None] * len(kv), [])
+
+
+def check_plan_tensors(plan: KvPlan, kv: UnifiedKv) -> None:
+    """Refuse KV tensors that are not the ones ``allocate_unified_kv(plan)`` lays out:
+    allocated for another plan, of another model (widths, element sizes) or
+    another plan of the same model (row counts), or, in the row space,
+    per-layer tensors that are not views of
+    ``kv.planes`` at the plan's base rows. A ValueError (TypeError for a wrong
+    type) names the tensor and the expectation; nothing is read or written."""
+    if not isinstance(kv, UnifiedKv):
+        raise TypeError(f"kv must be the UnifiedKv of allocate_unified_kv(plan), got {type(kv).__name__}")
+    model, layers = plan.model, len(plan.model.layer_ratios)
+    if len(kv.kv) != layers or len(kv.rope) != layers:
+        raise ValueError(f"kv has {len(kv.kv)} layers ({len(kv.rope)} rope entries), the plan's model {layers}")
+    row_space = plan.config.layout == "row_space"
+    if row_space:
+        _check_planes(plan, kv)
+    for layer in range(layers):
+        rows = plan.pools.total_rows - plan.layer_base_rows[layer] if row_space else plan.layer_rows[layer]
+        _check_tensor(f"kv.kv[{layer}]", kv.kv[layer], rows, model.head_dim, model.kv_elem_bytes)
+        if model.rope_head_dim:
+            _check_tensor(f"kv.rope[{layer}]", kv.rope[layer], rows, model.rope_head_dim, model.rope_elem_bytes)
+        elif kv.rope[layer] is not None:
+            raise ValueError(f"kv.rope[{layer}] must be None: the plan's model keeps no rope plane")
+        indexer = kv.indexer[layer] if layer < len(kv.indexer) else None
+        if indexer is not None and (indexer.dim() != 3 or indexer.shape[0] != plan.pools.num_logical_blocks
+                                    or indexer[0].numel() * indexer.element_size() != model.indexer_bytes_per_block):
+            raise ValueError(f"kv.indexer[{layer}] must be the plan's [{plan.pools.num_logical_blocks}, k, entry] "
+                             f"indexer cache of {model.indexer_bytes_per_block} bytes per block, got "
+                             f"{tuple(indexer.shape)} {indexer.dtype}")
+        if row_space:
+            for name, plane, view in (("kv", 0, kv.kv[layer]), ("rope", 1, kv.rope[layer])):
+                if view is not None and view.data_ptr() != _row_ptr(kv.planes[plane], plan.layer_base_rows[layer]):
+                    raise ValueError(f"kv.{name}[{layer}] must be a view of kv.planes[{plane}] starting at the "
+                                     f"layer's base row {plan.layer_base_rows[layer]}")
+    if kv.plan is not None and kv.plan != plan:  # of the same shapes, but another plan's geometry
+        raise ValueError("kv was allocated for another plan (kv.plan): KV tensors of another model or plan")
+
+
+def _check_planes(plan: KvPlan, kv: UnifiedKv) -> None:
+    model = plan.model
+    widths = [(model.head_dim, model.kv_elem_bytes)] + ([(model.rope_head_dim, model.rope_elem_bytes)]
+                                                         if model.rope_head_dim else [])
+    if len(kv.planes) != len(widths):
+        raise ValueError(f"kv.planes must hold {len(widths)} planes in the row-space layout, got {len(kv.planes)}")
+    for i, (width, elem_bytes) in enumerate(widths):
+        _check_tensor(f"kv.planes[{i}]", kv.planes[i], plan.pools.total_rows, width, elem_bytes)
+
+
+def _check_tensor(name: str, t: Optional[torch.Tensor], rows: int, width: int, elem_bytes: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a [{rows}, {width}] tensor of {elem_bytes}-byte elements, got "
+                         f"{type(t).__name__}")
+    if tuple(t.shape) != (rows, width) or t.element_size() != elem_bytes:
+        raise ValueError(f"{name} must be the plan's [{rows}, {width}] tensor of {elem_bytes}-byte elements, got "
+                         f"{tuple(t.shape)} {t.dtype}: KV tensors of another model or plan")
+
+
+def _row_ptr(plane: torch.Tensor, row: int) -> int:
+    return plane.data_ptr() + row * plane.stride(0) * plane.element_size()

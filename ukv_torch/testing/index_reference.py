@@ -190,6 +190,24 @@ def row_copy_phases(copies, counts):
     return phases
 
 
+def refused_row_copies(copies, counts, num_rows):
+    """Whether apply_row_copies refuses a list handed over on the host: an entry
+    of a phase copying no rows, reaching outside the planes or overlapping
+    itself, or two entries of one phase where one writes rows the other reads
+    or writes (the GPU skips the first kind and leaves the second undefined)."""
+    for phase in row_copy_phases(copies, counts):
+        reads, writes = set(), set()
+        for src, dst, n in phase:
+            if n <= 0 or src < 0 or dst < 0 or src + n > num_rows or dst + n > num_rows:
+                return True
+            source, target = set(range(src, src + n)), set(range(dst, dst + n))
+            if source & target or target & (reads | writes) or source & writes:
+                return True
+            reads |= source
+            writes |= target
+    return False
+
+
 def apply_row_copies(planes, copies, counts):
     """planes: lists of rows (each plane the same number of rows), modified in
     place. copies: (src_row, dst_row, rows) entries; the phases run in order,

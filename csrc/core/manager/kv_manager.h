@@ -152,6 +152,10 @@ class KvManager {
   // in place, by the same rule as prefill).
   int64_t import_sequence(int64_t seq_id, const int32_t* tokens, int64_t n, int64_t num_computed, uint64_t salt = 0);
   uint64_t salt(int64_t seq_id) const { return seq(seq_id).salt; }
+  // Which admission made the sequence live, and the cached prefix it returned
+  // (what scatter_sequence must leave alone after import_sequence).
+  int64_t generation(int64_t seq_id) const { return seq(seq_id).generation; }
+  int64_t cached_prefix(int64_t seq_id) const { return seq(seq_id).cached; }
 
   // --- tables ---
   const std::vector<int32_t>& logical_table(int64_t seq_id) const;
@@ -195,7 +199,10 @@ class KvManager {
   const RowSpace* row_space() const { return rows_.get(); }
   // Row-space layout: the row copies since the last call (units moved to make
   // room), to apply before the step that reads the rows. Empty otherwise.
-  std::vector<RowCopy> take_copies() { return rows_ ? rows_->take_copies() : std::vector<RowCopy>{}; }
+  std::vector<RowCopy> take_copies() {
+    step_decode_copies_ = 0;
+    return rows_ ? rows_->take_copies() : std::vector<RowCopy>{};
+  }
   const LogicalBlocks& logical_blocks() const { return logical_; }
 
   void check_invariants() const;
@@ -210,6 +217,10 @@ class KvManager {
     std::vector<int32_t> swa;        // one entry per page of the logical blocks
     std::vector<uint64_t> hashes;    // chain over the published blocks [0, hashes.size())
     uint64_t salt = 0;               // seeds hashes[0]
+    // The admission that made it live (the admissions count then): an export
+    // taken before a deallocate and the id's reuse names another generation.
+    int64_t generation = 0;
+    int64_t cached = 0;              // the cached prefix allocate / import_sequence returned
     int64_t swa_written_lo = 0;      // SWA rows of positions [lo, num_computed) are all written
     int64_t swa_freed_upto = 0;      // pages [0, this) are window-freed (-1)
     int64_t swa_quota = 0;
@@ -355,6 +366,9 @@ class KvManager {
   // Row space: blocks of live sequences that have no envelope yet (a chunk
   // binds its blocks' envelopes when ensure_for_tokens reaches them).
   int64_t envelopes_reserved_ = 0;
+  // Row space: copies append() added since the last take_copies(). They come
+  // out of the decode share, so the prefill share stays whole for the chunks.
+  int64_t step_decode_copies_ = 0;
   std::vector<int64_t> row_seq_, row_len_;           // staging rows: sequence and length last written
   KvManagerStats stats_;
   mutable uint64_t batch_mark_ = 0;

@@ -418,8 +418,9 @@ int64_t KvManager::allocate(int64_t seq_id, const int32_t* tokens, int64_t n, ui
   s.swa_freed_upto = first_hit_page;
   s.swa_quota = a.quota;
   swa_reserved_ += a.quota;
+  s.cached = hits * bs;
+  s.generation = ++stats_.admissions;
   seqs_.emplace(seq_id, std::move(s));
-  ++stats_.admissions;
   stats_.prefix_query_blocks += blocks_for(n);
   stats_.compressed_hit_blocks += a.compressed_hit;
   stats_.prefix_hit_blocks += hits;

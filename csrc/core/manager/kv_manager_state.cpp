@@ -125,6 +125,8 @@ void KvManager::write_sequence(StateWriter& w, int64_t id, const Sequence& s) co
   for (int32_t b : s.swa) w.put(b);
   w.put_vec(s.hashes);
   w.put(static_cast<int64_t>(s.salt));
+  w.put(s.generation);
+  w.put(s.cached);
 }
 
 std::vector<int64_t> KvManager::to_state() const {
@@ -140,6 +142,7 @@ std::vector<int64_t> KvManager::to_state() const {
   if (rows_) {
     rows_->write_state(w);
     w.put_vec(unbound_free_.to_vector());
+    w.put(step_decode_copies_);
   }
   logical_.write_state(w);
   if (swa_) swa_->write_state(w);
@@ -181,6 +184,8 @@ void KvManager::read_sequence(StateReader& r) {
   }
   s.hashes = r.vec<uint64_t>(static_cast<int64_t>(s.logical.size()), "hash");
   s.salt = static_cast<uint64_t>(r.next());
+  s.generation = r.in_range(1, std::numeric_limits<int64_t>::max(), "generation");
+  s.cached = r.in_range(0, s.num_computed, "cached prefix");
   swa_reserved_ += s.swa_quota + s.extra_pages;
   if (rows_)  // the row space's state says which blocks are bound
     for (int32_t b : s.logical) envelopes_reserved_ += !rows_->is_bound(UnitKind::Envelope, b);
@@ -213,6 +218,7 @@ std::unique_ptr<KvManager> KvManager::from_state(const std::vector<int64_t>& st)
       r.check(b >= 0 && b < pools.num_logical_blocks && !m->unbound_free_.contains(b), "bad unbound free block ", b);
       m->unbound_free_.push_back(b);
     }
+    m->step_decode_copies_ = r.in_range(0, m->rows_->pending_copies(), "decode copy count");
   }
   m->logical_.read_state(r);
   if (m->swa_) m->swa_->read_state(r);

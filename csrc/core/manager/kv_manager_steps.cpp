@@ -37,7 +37,10 @@ int64_t KvManager::missing_swa_pages(const Sequence& s, int64_t num_new_tokens) 
 }
 
 int64_t KvManager::prefill_copy_room() const {
-  return rows_->max_copies() - decode_copy_share(serve_, pools_) - rows_->pending_copies();
+  // The decode share not yet used by this step's appends stays reserved; what
+  // they used is already among the pending copies.
+  const int64_t decode_left = std::max<int64_t>(0, decode_copy_share(serve_, pools_) - step_decode_copies_);
+  return rows_->max_copies() - decode_left - rows_->pending_copies();
 }
 
 int64_t KvManager::chunk_units(const Sequence& s, int64_t num_new_tokens) const {
@@ -102,9 +105,12 @@ void KvManager::ensure_for_tokens(const int64_t* seq_ids, const int64_t* counts,
   require<OutOfSlots>(missing <= free_swa_slots(), "No free SWA slots available");
   // The copy list holds one step's moves; chunks that could overflow its
   // prefill share are refused before anything changes.
+  // Chunks of one step within max_num_batched_tokens (at most max_num_seqs of
+  // them) always fit the prefill share, whatever the step's appends moved.
   require(!rows_ || units * moves_per_bind(pools_) <= prefill_copy_room(), "ensure_for_tokens: the chunks bind ",
           units, " row-space units, more than the moves the step's copy list has room for (",
-          rows_ ? prefill_copy_room() : 0, " copies): keep a step within max_num_batched_tokens and stage() every step");
+          rows_ ? prefill_copy_room() : 0, " copies): the step's chunks exceed max_num_batched_tokens, or no stage() "
+          "ran since the previous step; nothing changed, a chunk within the budget proceeds");
   for (int64_t i = 0; i < n; ++i) apply_ensure(seq(seq_ids[i]), counts[i]);
   for (int64_t i = 0; i < n; ++i)
     if (ensure_whole_chunk(seq(seq_ids[i]))) ++stats_.whole_chunks;
@@ -270,6 +276,7 @@ void KvManager::append(const int64_t* seq_ids, const int64_t* num_new_tokens, in
     throw OutOfSlots(detail::concat("No free KV slots available: only ", ok, " of ", n,
                                     " sequences can be appended (call can_append and preempt first)"));
   }
+  const int64_t copies_before = rows_ ? rows_->pending_copies() : 0;
   std::vector<int64_t> popped;  // every sequence's new blocks, in batch order
   for (int64_t id : fresh.ids) popped.push_back(take_block(id));
   stats_.compress_evictions += fresh.evicted;
@@ -291,12 +298,15 @@ void KvManager::append(const int64_t* seq_ids, const int64_t* num_new_tokens, in
     free_out_of_window(s, s.num_computed + 1);
     s.scheduled = num_new_tokens[i];
   }
+  if (rows_) step_decode_copies_ = std::max<int64_t>(0, step_decode_copies_ + rows_->pending_copies() - copies_before);
   ++stats_.appends;
 }
 
 void KvManager::check_commit_decode(int64_t seq_id, int64_t count) const {
   const Sequence& s = seq(seq_id);
   require(is_decoding(s), "commit_decode: sequence ", seq_id, " is not decoding");
+  require(s.scheduled > 0, "commit_decode: sequence ", seq_id,
+          " has no positions scheduled: call append() before the step's forward and commit_decode() after it");
   require(count >= 1 && count <= s.scheduled, "commit_decode: counts must be in [1, ", s.scheduled,
           "] (the positions append() scheduled for sequence ", seq_id, "), got ", count);
 }
