@@ -10,6 +10,11 @@ hold content tags, and every index the step's ops build (attention_metadata.py)
 must read the tag its position expects.
 
     python examples/engine_loop.py [--layout static|upstream|elastic|row_space] [--device cpu|cuda]
+                                   [--tier none|host]
+
+With a tier (ukv_torch.tiers), every block the prefix cache publishes is
+written through to it, and an admission loads the blocks that continue its
+HBM hit from it; the tag check covers every read of restored rows.
 
 Prints one line (PASS or FAIL and the run's counts); exits 1 on any mismatch.
 """
@@ -31,6 +36,7 @@ from attention_metadata import AttentionMetadata, Chunk
 from tagged_model import TaggedModel, Work, extend_tags
 from ukv_torch import (KvManager, ModelKvSpec, SequenceExport, ServeConfig, allocate_unified_kv, gather_sequence,
                        plan_kv_layout, scatter_sequence, table_index, transfer_bytes)
+from ukv_torch.tiers import HostTier, TierCache
 
 LAYERS = (0, 4, 128, 4, 128)  # one dense (SWA only), two CSA and two HCA layers
 VOCAB = 32000
@@ -107,12 +113,14 @@ class Engine:
         self.mgr = KvManager(self.plan, device=None if self.device.type == "cpu" else self.device)
         self.metadata = AttentionMetadata(self.plan, index_topk=64, device=self.device)
         self.model = TaggedModel(self.plan, self.kv, self.metadata, seed=args.seed)
+        self.tiers = None if args.tier == "none" else \
+            TierCache(self.plan, self.kv, [HostTier(args.tier_mult * self.plan.budget_bytes)])
         # Room for the drafts of the last step: positions up to len(tokens) - 1 + mtp_k.
         max_len = config.max_blocks_per_seq * config.block_size - 1 - config.mtp_k
         self.workload = Workload(self.rng, args.requests, max_len)
         self.waiting = collections.deque(self.workload.first(args.requests * 2 // 3))
         self.running: List[Request] = []
-        self.steps = self.finished = self.rejected = self.preemptions = self.hit_tokens = 0
+        self.steps = self.finished = self.rejected = self.preemptions = self.hit_tokens = self.loaded_tokens = 0
         self.problems: List[str] = []
 
     def done(self) -> bool:
@@ -136,8 +144,12 @@ class Engine:
         if self.kv.planes and self.args.fault != "skip-row-copies":
             # Units the row space moved to make room: before anything reads or writes KV.
             ukv_torch.apply_row_copies(list(self.kv.planes), self.mgr.row_copies, self.mgr.row_copy_counts)
+        if self.tiers and self.args.fault != "skip-tier-fill":  # loaded prefixes into their rows, before the forward
+            self.tiers.fill(self.mgr)
         self.forward(decode, prefill)
         self.commit(decode, prefill)
+        if self.tiers:  # what the commit published, written through (before the next step's allocations)
+            self.tiers.save(self.mgr, self.mgr.take_events())
 
     def schedule_decode(self) -> List[Request]:
         """Every decoding sequence computes 1 + its drafts. While can_append cannot
@@ -154,7 +166,7 @@ class Engine:
 
     def preempt(self, r: Request) -> None:
         """Back to the queue's head with every known token; re-admission hits what the cache kept."""
-        self.mgr.deallocate(r.rid)
+        self.deallocate([r])
         self.running.remove(r)
         r.computed, r.decoding, r.drafts = 0, False, []
         self.waiting.appendleft(r)
@@ -169,7 +181,7 @@ class Engine:
                 budget -= chunks[-1][1]
         while self.waiting and budget > 0:
             r = self.waiting[0]
-            cached = self.mgr.allocate(r.rid, r.tokens)
+            cached = self.admit(r, budget)
             if cached == KvManager.NOT_NOW:  # live sequences hold what it needs: it waits
                 break
             self.waiting.popleft()
@@ -177,11 +189,34 @@ class Engine:
                 self.rejected += 1
                 continue
             r.computed = cached  # the cached prefix: prefill starts there
-            self.hit_tokens += cached
             self.running.append(r)
+            if self.loaded_now:  # the row space binds the loaded blocks' rows in this step: they take budget
+                budget -= self.loaded_now
             chunks.append((r, min(len(r.tokens) - cached, budget)))
             budget -= chunks[-1][1]
         return chunks
+
+    def admit(self, r: Request, budget: int) -> int:
+        """allocate(), through the tiers when there are any: the HBM hit and the loaded prefix."""
+        self.loaded_now = 0
+        if not self.tiers:
+            cached = self.mgr.allocate(r.rid, r.tokens)
+            self.hit_tokens += max(0, cached)
+            return cached
+        hit = self.mgr.can_allocate(r.tokens)
+        row_space = self.cfg.layout == "row_space"
+        cached = self.tiers.admit(self.mgr, r.rid, r.tokens, max_load_tokens=budget - 1 if row_space else None)
+        if cached >= 0:
+            self.hit_tokens += hit
+            self.loaded_tokens += cached - hit
+            self.loaded_now = cached - hit if row_space else 0
+        return cached
+
+    def deallocate(self, done: List[Request]) -> None:
+        ids = [r.rid for r in done]
+        if self.tiers:
+            self.tiers.cancel_loads(ids)
+        self.mgr.deallocate(ids)
 
     def forward(self, decode: List[Request], prefill: List[Tuple[Request, int]]) -> None:
         """The model's step over the staged rows: decode rows first, then the prefill chunks."""
@@ -238,7 +273,7 @@ class Engine:
     def finish(self, done: List[Request]) -> None:
         if not done:
             return
-        self.mgr.deallocate([r.rid for r in done])  # full blocks stay cached for later hits
+        self.deallocate(done)  # full blocks stay cached for later hits
         for r in done:
             self.running.remove(r)
             self.finished += 1
@@ -286,7 +321,7 @@ class Engine:
         ok = not problems
         counts = dict(layout=self.cfg.layout, device=self.device.type, steps=self.steps, requests=self.finished,
                       refusals=stats["admission_refusals"], rejected=self.rejected, preemptions=self.preemptions,
-                      hit_tokens=self.hit_tokens,
+                      hit_tokens=self.hit_tokens, loaded_tokens=self.loaded_tokens,
                       whole_chunks=stats["whole_chunks"], moved_rows=stats.get("moved_rows", 0),
                       checked_indices=self.model.checked, mismatches=len(self.model.mismatches),
                       seconds=f"{seconds:.1f}")
@@ -304,10 +339,14 @@ def parse_args(argv=None):
     p.add_argument("--budget-kib", type=int, default=None,
                    help=f"KV byte budget in KiB, of 8-byte tag rows (default per layout: {BUDGET_KIB})")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tier", default="none", choices=("none", "host"),
+                   help="a KV tier beyond HBM: host = ukv_torch.tiers.HostTier in this process")
+    p.add_argument("--tier-mult", type=int, default=8, help="the tier's capacity, in multiples of the KV budget")
     p.add_argument("--max-steps", type=int, default=3000)
-    p.add_argument("--fault", default="none", choices=("none", "table", "skip-row-copies"),
+    p.add_argument("--fault", default="none", choices=("none", "table", "skip-row-copies", "skip-tier-fill"),
                    help="table: damage a staged SWA entry in every step that decodes; skip-row-copies "
-                        "(row_space): never apply the manager's row copies. Either must make the check fail")
+                        "(row_space): never apply the manager's row copies; skip-tier-fill (with --tier): never "
+                        "write loaded prefixes into their rows. Each must make the check fail")
     return p.parse_args(argv)
 
 
