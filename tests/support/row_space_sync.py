@@ -8,7 +8,7 @@ state (KvManager::to_state, csrc/core/manager/kv_manager_state.cpp) and sets the
 model's from it, so the model predicts the next calls from where the
 manager is.
 """
-from ukv_torch.records import PoolSizes, ServeConfig, _read_fields
+from ukv_torch.plan.records import PoolSizes, ServeConfig, _read_fields
 from ukv_torch.testing.kv_events_model import REMOVED, STORED
 from ukv_torch.testing.kv_manager_model import _Seq
 from ukv_torch.testing.slot_pools_model import OrderedIds
