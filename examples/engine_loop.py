@@ -181,7 +181,7 @@ class Engine:
                 budget -= chunks[-1][1]
         while self.waiting and budget > 0:
             r = self.waiting[0]
-            cached = self.admit(r, budget)
+            cached = self.admit(r)
             if cached == KvManager.NOT_NOW:  # live sequences hold what it needs: it waits
                 break
             self.waiting.popleft()
@@ -190,26 +190,21 @@ class Engine:
                 continue
             r.computed = cached  # the cached prefix: prefill starts there
             self.running.append(r)
-            if self.loaded_now:  # the row space binds the loaded blocks' rows in this step: they take budget
-                budget -= self.loaded_now
             chunks.append((r, min(len(r.tokens) - cached, budget)))
             budget -= chunks[-1][1]
         return chunks
 
-    def admit(self, r: Request, budget: int) -> int:
+    def admit(self, r: Request) -> int:
         """allocate(), through the tiers when there are any: the HBM hit and the loaded prefix."""
-        self.loaded_now = 0
         if not self.tiers:
             cached = self.mgr.allocate(r.rid, r.tokens)
             self.hit_tokens += max(0, cached)
             return cached
         hit = self.mgr.can_allocate(r.tokens)
-        row_space = self.cfg.layout == "row_space"
-        cached = self.tiers.admit(self.mgr, r.rid, r.tokens, max_load_tokens=budget - 1 if row_space else None)
+        cached = self.tiers.admit(self.mgr, r.rid, r.tokens)
         if cached >= 0:
             self.hit_tokens += hit
             self.loaded_tokens += cached - hit
-            self.loaded_now = cached - hit if row_space else 0
         return cached
 
     def deallocate(self, done: List[Request]) -> None:

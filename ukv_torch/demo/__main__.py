@@ -10,6 +10,7 @@ import sys
 import time
 
 from .. import ServeConfig
+from ..tiers import HostTier
 from ..plan.planning import MODEL_PRESETS, plan_kv_layout
 from . import report
 from .server import Server, ServerConfig
@@ -74,6 +75,10 @@ def parse_args(argv=None):
                    help="SWA pool = max_num_seqs windows + a prefill-chunk term: upstream's fixed 64 blocks, "
                         "or the blocks --max-num-batched-tokens spans")
     p.add_argument("--index-topk", type=int, default=1024, help="CSA top-k cells each query's indices cover")
+    p.add_argument("--tier", default="host", choices=("host", "none"),
+                   help="host: also serve the row space with a host-memory KV tier (ukv_torch.tiers.HostTier) "
+                        "beside it, which saves every published block and loads what continues a prefix hit")
+    p.add_argument("--tier-mult", type=int, default=8, help="the host tier's capacity in multiples of the budget")
     p.add_argument("--plot", default="ukv_demo_occupancy.png", help="PNG path ('' for none)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--eager", action="store_true",
@@ -91,15 +96,21 @@ def run(args) -> int:
                 else synthetic(args.seed, num_conversations=args.conversations))
     results = []
     started = time.time()
-    for layout in args.layouts.split(","):
+    layouts = args.layouts.split(",")
+    for layout in layouts:
         if layout not in LAYOUTS:
             raise SystemExit(f"--layouts: unknown layout {layout!r} (choose from {', '.join(LAYOUTS)})")
+    runs = [(layout, None) for layout in layouts]
+    if args.tier == "host" and "row_space" in layouts:  # the row space with the tier, beside it without
+        runs.insert(layouts.index("row_space") + 1, ("row_space", args.tier_mult * budget))
+    for layout, tier_bytes in runs:
         plan = plan_layout(budget, ratios, layout, max_num_seqs=args.max_num_seqs, swa_page_tokens=args.swa_page_tokens,
                            max_num_batched_tokens=args.max_num_batched_tokens, swa_sizing=args.swa_sizing)
         cfg = ServerConfig(ratios, plan.config, index_topk=args.index_topk, max_steps=args.steps, device=args.device,
                            seed=args.seed, inject_fault_step=args.inject_fault, cuda_graph=not args.eager)
-        server = Server(LAYOUTS[layout], plan, workload_copy(workload), cfg)
-        bar = report.Progress(layout, workload.total_turns())
+        name = LAYOUTS[layout] + (f" + host tier {args.tier_mult}x" if tier_bytes else "")
+        server = Server(name, plan, workload_copy(workload), cfg, tier=HostTier(tier_bytes) if tier_bytes else None)
+        bar = report.Progress(layout + (" + tier" if tier_bytes else ""), workload.total_turns())
         step = 0
         while not server.done() and step < args.steps:
             server.step(step)

@@ -61,7 +61,7 @@ class _Load:
 
 class TierCache:
     """The tiers of one engine (``backends``, searched in order) over the KV tensors
-    ``kv`` of ``plan``.
+    ``kv`` of ``plan`` (None: sizes only, for capacity studies; see ObjectLayout).
 
     ``staging_bytes``: host memory for the objects in flight (default: 64
     objects of the larger kind); a save that finds no room is dropped, a load
@@ -86,7 +86,7 @@ class TierCache:
                              f"bytes), got {staging_bytes}")
         self.plan, self.config, self.layout, self.backends = plan, plan.config, layout, backends
         self.device = layout.device
-        self.cuda = self.device.type == "cuda"
+        self.cuda = self.device is not None and self.device.type == "cuda"
         self.staging = Staging(staging_bytes, pinned=self.cuda)
         for b in backends:
             b.register_buffer(self.staging.buffer)
@@ -184,8 +184,8 @@ class TierCache:
         """``mgr.allocate(seq_id, tokens, salt=salt)`` with the prefix the tiers hold beyond
         the HBM hit loaded: same answers (the cached prefix in tokens, or NOT_NOW /
         NEVER_FITS with nothing changed). ``max_load_tokens`` bounds what one
-        admission loads (in the row space, what the step's token budget has left:
-        the loaded blocks bind their rows in this step)."""
+        admission loads (None: what the tiers hold; in the row space the manager
+        also bounds it by its copy list's share for loads in this step)."""
         self.cancel_loads([seq_id])
         tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
         load = self._find(mgr, tokens, salt, max_load_tokens)

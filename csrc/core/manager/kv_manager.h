@@ -161,8 +161,9 @@ class KvManager {
   // pages of the window - 1 positions before `loaded`: the caller writes those
   // rows (their compress rows and those SWA rows) before the first chunk runs.
   // They are published by the first commit_prefill, not before. In the row
-  // space, fewer tokens are loaded where the step's copy list has no room to
-  // bind all their units (the rest stays prompt): fill up to the return value.
+  // space, fewer tokens are loaded where the step's copy list (its share for
+  // loads) has no room to bind all their units (the rest stays prompt): fill
+  // up to the return value.
   int64_t allocate_loaded(int64_t seq_id, const int32_t* tokens, int64_t n, int64_t loaded, uint64_t salt = 0);
   // What allocate_loaded would answer now (a refusal, or how far the sequence's
   // computed prefix would reach); changes nothing.

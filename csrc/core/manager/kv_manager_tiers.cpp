@@ -53,13 +53,13 @@ int64_t KvManager::allocate_loaded(int64_t seq_id, const int32_t* tokens, int64_
 }
 
 // Row space: the most of `loaded` whose units the step's copy list has room
-// to bind (each bind may move units), so admission never overflows it; the
-// rest stays prompt.
+// to bind in its loads' share (each bind may move units), so admission never
+// overflows it and the step's chunks keep their share; the rest stays prompt.
 int64_t KvManager::loadable(const int32_t* tokens, int64_t n, int64_t loaded, uint64_t salt) const {
-  const int64_t bs = serve_.block_size, per_bind = moves_per_bind(pools_);
+  const int64_t bs = serve_.block_size;
   const int64_t hit = admission(tokens, n, salt).cached_blocks * bs;
   const int64_t tail_units = swa_ ? ceil_div(serve_.window - 1, page_) + 1 : 0;
-  const int64_t room_units = per_bind > 0 ? prefill_copy_room() / per_bind : loaded / bs + tail_units;
+  const int64_t room_units = (prefill_copy_room() - prefill_copy_share(serve_, pools_)) / moves_per_bind(pools_);
   const int64_t blocks = std::max<int64_t>(0, std::min((loaded - hit) / bs, room_units - tail_units));
   return blocks > 0 ? hit + blocks * bs : 0;
 }
