@@ -10,11 +10,13 @@ hold content tags, and every index the step's ops build (attention_metadata.py)
 must read the tag its position expects.
 
     python examples/engine_loop.py [--layout static|upstream|elastic|row_space] [--device cpu|cuda]
-                                   [--tier none|host]
+                                   [--tier none|host|mooncake [--mooncake-master HOST:PORT ...]]
 
 With a tier (ukv_torch.tiers), every block the prefix cache publishes is
 written through to it, and an admission loads the blocks that continue its
-HBM hit from it; the tag check covers every read of restored rows.
+HBM hit from it; the tag check covers every read of restored rows. mooncake:
+a host tier, then a Mooncake Store that other engine processes may share
+(a local mooncake_master is started when no --mooncake-master is given).
 
 Prints one line (PASS or FAIL and the run's counts); exits 1 on any mismatch.
 """
@@ -37,6 +39,7 @@ from tagged_model import TaggedModel, Work, extend_tags
 from ukv_torch import (KvManager, ModelKvSpec, SequenceExport, ServeConfig, allocate_unified_kv, gather_sequence,
                        plan_kv_layout, scatter_sequence, table_index, transfer_bytes)
 from ukv_torch.tiers import HostTier, TierCache
+from ukv_torch.tiers.mooncake_master import MooncakeMaster
 
 LAYERS = (0, 4, 128, 4, 128)  # one dense (SWA only), two CSA and two HCA layers
 VOCAB = 32000
@@ -113,8 +116,8 @@ class Engine:
         self.mgr = KvManager(self.plan, device=None if self.device.type == "cpu" else self.device)
         self.metadata = AttentionMetadata(self.plan, index_topk=64, device=self.device)
         self.model = TaggedModel(self.plan, self.kv, self.metadata, seed=args.seed)
-        self.tiers = None if args.tier == "none" else \
-            TierCache(self.plan, self.kv, [HostTier(args.tier_mult * self.plan.budget_bytes)])
+        self.master = None  # a mooncake_master this engine started itself
+        self.tiers = None if args.tier == "none" else TierCache(self.plan, self.kv, self.tier_backends(args))
         # Room for the drafts of the last step: positions up to len(tokens) - 1 + mtp_k.
         max_len = config.max_blocks_per_seq * config.block_size - 1 - config.mtp_k
         self.workload = Workload(self.rng, args.requests, max_len)
@@ -122,6 +125,24 @@ class Engine:
         self.running: List[Request] = []
         self.steps = self.finished = self.rejected = self.preemptions = self.hit_tokens = self.loaded_tokens = 0
         self.problems: List[str] = []
+
+    def tier_backends(self, args) -> list:
+        backends = [HostTier(args.tier_mult * self.plan.budget_bytes)]
+        if args.tier == "mooncake":
+            from ukv_torch.tiers.mooncake import MooncakeTier  # the optional extra
+            master, metadata, metrics = args.mooncake_master, args.mooncake_metadata, None
+            if master is None:
+                self.master = MooncakeMaster().start()
+                master, metadata, metrics = (self.master.master_address, self.master.metadata_url,
+                                             self.master.metrics_url)
+            backends.append(MooncakeTier(master, metadata, args.mooncake_segment_kib << 10, metrics_url=metrics))
+        return backends
+
+    def close(self) -> None:
+        for backend in self.tiers.backends if self.tiers else []:
+            backend.close()
+        if self.master is not None:
+            self.master.stop()
 
     def done(self) -> bool:
         return not self.waiting and not self.running
@@ -317,6 +338,7 @@ class Engine:
         counts = dict(layout=self.cfg.layout, device=self.device.type, steps=self.steps, requests=self.finished,
                       refusals=stats["admission_refusals"], rejected=self.rejected, preemptions=self.preemptions,
                       hit_tokens=self.hit_tokens, loaded_tokens=self.loaded_tokens,
+                      store_objects=self.tiers.counters.get("mooncake_fetched_objects", 0) if self.tiers else 0,
                       whole_chunks=stats["whole_chunks"], moved_rows=stats.get("moved_rows", 0),
                       checked_indices=self.model.checked, mismatches=len(self.model.mismatches),
                       seconds=f"{seconds:.1f}")
@@ -334,9 +356,18 @@ def parse_args(argv=None):
     p.add_argument("--budget-kib", type=int, default=None,
                    help=f"KV byte budget in KiB, of 8-byte tag rows (default per layout: {BUDGET_KIB})")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tier", default="none", choices=("none", "host"),
-                   help="a KV tier beyond HBM: host = ukv_torch.tiers.HostTier in this process")
-    p.add_argument("--tier-mult", type=int, default=8, help="the tier's capacity, in multiples of the KV budget")
+    p.add_argument("--tier", default="none", choices=("none", "host", "mooncake"),
+                   help="KV tiers beyond HBM: host = ukv_torch.tiers.HostTier in this process; mooncake = that, "
+                        "then a Mooncake Store")
+    p.add_argument("--tier-mult", type=int, default=8, help="the host tier's capacity, in multiples of the KV budget")
+    p.add_argument("--mooncake-master", help="the store's mooncake_master RPC address (default: start one here)")
+    p.add_argument("--mooncake-metadata", help="its metadata URL, with --mooncake-master "
+                                               "(http://HOST:PORT/metadata for the master's own server)")
+    p.add_argument("--mooncake-segment-kib", type=int, default=64 << 10,
+                   help="host memory this process contributes to the store, KiB (at least 16 MiB)")
+    p.add_argument("--linger", action="store_true",
+                   help="after the run, keep this process (and the store memory it contributes) up until stdin "
+                        "closes, so other engines can read what it saved")
     p.add_argument("--max-steps", type=int, default=3000)
     p.add_argument("--fault", default="none", choices=("none", "table", "skip-row-copies", "skip-tier-fill"),
                    help="table: damage a staged SWA entry in every step that decodes; skip-row-copies "
@@ -349,12 +380,19 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.device == "cpu":
         torch.set_num_threads(1)  # the step's tensors are small: intra-op threads cost more than they save
+    if (args.mooncake_master is None) != (args.mooncake_metadata is None):
+        raise SystemExit("--mooncake-master and --mooncake-metadata go together")
     engine = Engine(args)
     started = time.time()
-    while not engine.done() and engine.steps < args.max_steps and not engine.failed():
-        engine.step()
-    ok, report = engine.outcome(time.time() - started)
-    print(report)
+    try:
+        while not engine.done() and engine.steps < args.max_steps and not engine.failed():
+            engine.step()
+        ok, report = engine.outcome(time.time() - started)
+        print(report, flush=True)
+        if args.linger:  # what this engine saved stays readable from its store memory until then
+            sys.stdin.read()
+    finally:
+        engine.close()
     return 0 if ok else 1
 
 

@@ -77,7 +77,7 @@ class TierCache:
         largest = max(layout.object_bytes(BLOCK), layout.object_bytes(TAIL))
         for b in backends:
             capacity = b.stats()["capacity_bytes"]
-            if capacity < largest:
+            if 0 <= capacity < largest:  # (a backend that cannot tell reports -1)
                 raise ValueError(f"TierCache: the {b.name} tier's capacity_bytes={capacity} is smaller than one "
                                  f"tier object ({largest} bytes for this model)")
         staging_bytes = _STAGING_OBJECTS * aligned(largest) if staging_bytes is None else staging_bytes
@@ -100,7 +100,7 @@ class TierCache:
         self._loads: Dict[int, _Load] = {}
         self.counters = dict(saved_objects=0, saved_bytes=0, dropped_saves=0, lookups=0, loaded_requests=0,
                              loaded_blocks=0, loaded_tokens=0, loaded_bytes=0, rejected_objects=0,
-                             cancelled_loads=0)
+                             cancelled_loads=0, **{f"{b.name}_fetched_objects": 0 for b in backends})
 
     # --- saving -------------------------------------------------------------------------
     def save(self, mgr, events: Sequence[KvEvent]) -> None:
@@ -249,6 +249,7 @@ class TierCache:
             for i, size in zip(todo, sizes):
                 good[i] = size >= 0 and self.layout.verify(objects.kinds[i], objects.keys[i], bufs[i], size)
                 self.counters["rejected_objects"] += size >= 0 and not good[i]
+                self.counters[f"{backend.name}_fetched_objects"] += good[i]
         if all(good):
             return objects, end
         self.staging.free(objects.start, objects.nbytes)
