@@ -16,19 +16,22 @@ buffer's rule, ``ukv_torch.transfer``). The header:
 
     magic "UKVT", version (1 byte), kind (1 byte), 2 zero bytes,
     payload bytes (8, little-endian), model fingerprint (16), key (16),
-    checksum (16): BLAKE2b-128 of the 48 bytes before it and the payload.
+    checksum (16): XXH3-128 of the 48 bytes before it and the payload.
 
 An object is accepted only when its size, magic, version, kind, fingerprint
 and key are the expected ones and its checksum matches: a truncated, corrupt,
-foreign (other model) or misplaced object is a miss, never KV.
+foreign (other model) or misplaced object is a miss, never KV. The checksum
+catches corruption, at tens of GB/s; what ties an object to its prefix, model
+and tenant is its key (a cryptographic chain, keys.py), which the header
+repeats.
 """
 from __future__ import annotations
 
-import hashlib
 import struct
 from typing import List, NamedTuple, Optional, Sequence
 
 import torch
+import xxhash
 
 from ..ops import gather_rows, scatter_rows, swa_slot_mapping
 from ..plan.records import KvPlan
@@ -53,7 +56,7 @@ class _Layer(NamedTuple):
 
 
 def _checksum(header: bytes, payload: memoryview) -> bytes:
-    h = hashlib.blake2b(header, digest_size=16)
+    h = xxhash.xxh3_128(header)
     h.update(payload)
     return h.digest()
 
