@@ -67,6 +67,7 @@ class LayoutResult:
     completed: int = 0
     tokens_served: int = 0    # completed requests' prompt (cached prefix included) and output tokens
     tokens_computed: int = 0  # tokens the model ran: prefill chunks (recomputation included) and decodes
+    prefill_tokens_computed: int = 0  # of which prefill chunks
     loaded_tokens: int = 0    # prompt tokens admitted as loaded from a KV tier
     tier: Dict[str, int] = field(default_factory=dict)  # the TierCache's stats at the end
     preemptions: int = 0
@@ -100,6 +101,7 @@ class LayoutResult:
             "tokens_served": self.tokens_served,
             "tokens_per_step": round(self.tokens_served / max(1, self.steps), 1),
             "computed_tokens_per_step": round(self.tokens_computed / max(1, self.steps), 1),
+            "prefill_tokens_per_step": round(self.prefill_tokens_computed / max(1, self.steps), 1),
             "peak_swa_rows": int(max(self.series["swa_rows"], default=0)),
             "mean_swa_rows": round(float(np.mean(self.series["swa_rows"])) if util else 0.0, 1),
             "peak_compress_rows": int(max(self.series["compress_rows"], default=0)),
@@ -385,6 +387,7 @@ class Server:
                     r.tags.append([tok])
                     r.decoding = True
                 self.result.tokens_computed += n
+                self.result.prefill_tokens_computed += n
         for r in [r for r in self.running if len(r.tags) >= r.target_len]:
             self._finish(step, r)
         if self.tiers is not None:  # what the commit published, written through to the tier
