@@ -114,7 +114,7 @@ def plan_for(scenario: Scenario, name: str) -> KvPlan:
 
 def run(plan: KvPlan, ratios, workload, seed: int, max_steps: int, tier: Optional[TierBackend] = None) -> dict:
     cfg = ServerConfig(ratios, plan.config, check_integrity=False, seed=seed)
-    server = Server("", plan, workload_copy(workload), cfg, tier=tier)
+    server = Server("", plan, workload_copy(workload), cfg, tiers=[tier] if tier else [])
     step = 0
     while not server.done() and step < max_steps:
         server.step(step)

@@ -115,3 +115,13 @@ def test_unknown_swa_sizing_is_refused_by_name():
     from ukv_torch.demo.__main__ import plan_layout
     with pytest.raises(ValueError, match="swa_sizing"):
         plan_layout(64 << 20, [0, 4, 128], "elastic", max_num_seqs=8, max_num_batched_tokens=512, swa_sizing="tight")
+
+
+def test_the_mooncake_tier_starts_its_own_master_and_reads_restored_rows_correctly():
+    from support.mooncake_master import require_mooncake
+    require_mooncake()
+    proc = run_demo("--layouts", "row_space", "--tier", "mooncake", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row, tiered = json.loads(proc.stdout)["layouts"]
+    assert tiered["layout"] == "row space + mooncake tier 8x"
+    assert tiered["mismatches"] == 0 and tiered["checked_indices"] > 100_000

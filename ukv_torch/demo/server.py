@@ -9,8 +9,8 @@ the batch is staged and uploaded, the "model" writes its KV tags, the indices
 are built and checked, and the step is committed. Finished turns free their
 sequence; follow-up turns arrive later with the whole history as prompt.
 
-With a KV tier (a backend given to the Server), admissions load what
-continues their HBM hit from it, the loaded rows are written before the
+With KV tiers (backends given to the Server, searched in order), admissions
+load what continues their HBM hit from them, the loaded rows are written before the
 step's forward (so the check reads them), and every block the step published
 is saved to it (ukv_torch.tiers.TierCache).
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -152,7 +152,7 @@ def corrupt_entry(tables: torch.Tensor, swa_table: int):
 
 class Server:
     def __init__(self, name: str, plan: KvPlan, workload: Workload, cfg: ServerConfig,
-                 tier: Optional[TierBackend] = None):
+                 tiers: Sequence[TierBackend] = ()):
         if plan.config != cfg.serve:
             raise ValueError(f"Server: the plan was made for {plan.config}, not for cfg.serve {cfg.serve}")
         self.cfg, self.serve, self.workload, self.plan = cfg, cfg.serve, workload, plan
@@ -166,7 +166,7 @@ class Server:
         if cfg.cuda_graph and cfg.check_integrity and self.device.type == "cuda":
             self.checker.capture_decode(self.mgr.tables)
         self.result = LayoutResult(name, plan)
-        self.tiers = None if tier is None else TierCache(plan, self.kv, [tier])
+        self.tiers = TierCache(plan, self.kv, tiers) if tiers else None
         self.waiting: collections.deque = collections.deque()
         self.running: List[Request] = []
         self.arrivals: Dict[int, List[Request]] = collections.defaultdict(list)
