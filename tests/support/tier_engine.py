@@ -20,23 +20,25 @@ MODEL = ModelKvSpec(layer_ratios=(0, 4, 128, 4, 128), head_dim=4, kv_elem_bytes=
 class TierEngine:
     """A manager, its KV tensors (random bytes), and a TierCache over ``backends``."""
 
-    def __init__(self, layout: str, backends, *, page: int = 32, budget_kib: int = 256, seed: int = 0):
+    def __init__(self, layout: str, backends, *, page: int = 32, budget_kib: int = 256, seed: int = 0,
+                 device: str = "cpu"):
         config = ServeConfig(layout=layout, window=WINDOW, block_size=BS, compress_ratios=(4, 128), max_num_seqs=8,
                              max_num_batched_tokens=1024, max_blocks_per_seq=16, swa_sizing="step",
                              swa_page_tokens=page if layout == "row_space" else 0)
         self.plan = plan_kv_layout(budget_kib << 10, MODEL, config)
-        self.kv = allocate_unified_kv(self.plan, dtype=torch.uint8, rope_dtype=torch.int16)
+        self.kv = allocate_unified_kv(self.plan, dtype=torch.uint8, rope_dtype=torch.int16, device=device)
         gen = torch.Generator().manual_seed(seed)
         for t in list(self.kv.kv) + [r for r in self.kv.rope if r is not None] + \
                 [i for i in self.kv.indexer if i is not None] + list(self.kv.planes):
             t.view(torch.uint8).copy_(torch.randint(0, 256, t.view(torch.uint8).shape, generator=gen,
                                                     dtype=torch.uint8))
-        self.mgr = KvManager(self.plan)
+        self.mgr = KvManager(self.plan, device=None if device == "cpu" else device)
         self.tiers = TierCache(self.plan, self.kv, backends)
 
     def step_rows(self, seq_ids: List[int]) -> None:
         """Stage the sequences and apply the row space's moves, as a step does before its forward."""
         self.mgr.stage(seq_ids)
+        self.mgr.upload(len(seq_ids))
         if self.kv.planes:
             apply_row_copies(list(self.kv.planes), self.mgr.row_copies, self.mgr.row_copy_counts)
 
@@ -67,9 +69,9 @@ class TierEngine:
             phys = int(self.mgr.phys_table(seq_id, 0 if row_space else cfg.type_of_ratio(ratio))[block])
             first = args["compress_base"] + phys * args["block_stride"]
             for plane in (self.kv.kv[layer], self.kv.rope[layer]):
-                out.append(plane[first: first + BS // ratio].contiguous().view(torch.uint8).numpy().tobytes())
+                out.append(plane[first: first + BS // ratio].contiguous().view(torch.uint8).cpu().numpy().tobytes())
             if ratio == 4:
-                out.append(self.kv.indexer[layer][phys if row_space else logical].numpy().tobytes())
+                out.append(self.kv.indexer[layer][phys if row_space else logical].cpu().numpy().tobytes())
         return out
 
     def position_bytes(self, seq_id: int, position: int) -> List[bytes]:
@@ -84,7 +86,7 @@ class TierEngine:
                              swa_rows=list(self.plan.swa_rows(ratio)))
             row = int(rows[0])
             for plane in (self.kv.kv[layer], self.kv.rope[layer]):
-                out.append(plane[row].contiguous().view(torch.uint8).numpy().tobytes())
+                out.append(plane[row].contiguous().view(torch.uint8).cpu().numpy().tobytes())
         return out
 
 

@@ -25,9 +25,22 @@ def saved_engine(layout, tier, seed=1):
 @pytest.mark.parametrize("saver", LAYOUTS)
 @pytest.mark.parametrize("loader, page", [("static", 0), ("elastic", 0), ("row_space", 32), ("row_space", 64)])
 def test_any_layout_restores_the_rows_another_saved(saver, loader, page):
+    restores_across_layouts(saver, loader, page, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("saver, loader", [("static", "row_space"), ("row_space", "elastic")])
+def test_any_layout_restores_the_rows_another_saved_on_the_gpu(saver, loader):
+    """The GPU path: rows gathered and scattered on the current stream, host copies on the side stream."""
+    restores_across_layouts(saver, loader, 32, "cuda")
+
+
+def restores_across_layouts(saver, loader, page, device):
     tier = host()
-    a, p = saved_engine(saver, tier)
-    b = TierEngine(loader, [tier], page=page or 32, seed=9)  # other bytes everywhere
+    a = TierEngine(saver, [tier], device=device)
+    p = prompt(1, N)
+    assert a.prefill(0, p) == 0
+    b = TierEngine(loader, [tier], page=page or 32, seed=9, device=device)  # other bytes everywhere
     cached = b.tiers.admit(b.mgr, 3, p)
     assert cached == 5 * BS and b.mgr.num_computed(3) == 5 * BS
     b.mgr.ensure_for_tokens([3], [N - cached])
@@ -38,6 +51,8 @@ def test_any_layout_restores_the_rows_another_saved(saver, loader, page):
     for position in range(5 * BS - (WINDOW - 1), 5 * BS):
         assert b.position_bytes(3, position) == a.position_bytes(0, position), position
     assert b.tiers.stats()["loaded_blocks"] == 5
+    b.tiers.flush()
+    assert b.tiers.staging.free_bytes() == b.tiers.staging.size  # every staging range went back
 
 
 def object_names(engine, p, salt=None):
