@@ -3,6 +3,7 @@
 #                Google Benchmark and CMake from Debian's packages for the C++ core tests
 #   make build   compile ukv_torch._C (pip install --no-build-isolation -e .)
 #   make test    C++ core unit tests (ctest) + the GPU-toolchain compile check + pytest
+#   make mooncake-deps  Mooncake (the Mooncake Store tier): its wheel and Debian's libibverbs1
 #   make demo    python -m ukv_torch.demo
 #   make sanitize  the C++ core tests under ASan + UBSan
 #   make bench   the benchmarks in benchmarks/ (GPU ones need a GPU)
@@ -16,23 +17,34 @@ TORCH ?= torch==2.13.0
 PIP := $(PYTHON) -m pip
 PYDEPS := ninja pytest hypothesis numpy xxhash
 APTDEPS := cmake ninja-build libgtest-dev libbenchmark-dev
+# Mooncake's transfer engine links libibverbs even where it only uses TCP. Its
+# wheel is the CUDA one for a CUDA torch, the -non-cuda one otherwise.
+MOONCAKE_APTDEPS := libibverbs1
 BUILD_DIR ?= build/core
 PYTEST_ARGS ?=
 
-.PHONY: soak sanitize deps pydeps sysdeps build cpp-test pytest test demo bench gpu-compile-check hip-toolchain bench-kernels clean
+.PHONY: soak sanitize deps pydeps sysdeps mooncake-deps build cpp-test pytest test demo bench gpu-compile-check hip-toolchain bench-kernels clean
 
-deps: pydeps sysdeps
+deps: pydeps sysdeps mooncake-deps
+
+# $(call apt-install,PACKAGES): install those of PACKAGES Debian does not have yet
+apt-install = missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
 
 pydeps:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH)"
 	@$(PYTHON) -c "import ninja, pytest, hypothesis, numpy, xxhash" 2>/dev/null || $(PIP) install $(PYDEPS)
 
 sysdeps:
-	@missing=""; for p in $(APTDEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	fi
+	@$(call apt-install,$(APTDEPS))
+
+mooncake-deps: pydeps
+	@$(call apt-install,$(MOONCAKE_APTDEPS))
+	@$(PYTHON) -c "import mooncake.store, mooncake.engine" 2>/dev/null || $(PIP) install \
+	  "$$($(PYTHON) -c 'import torch; print("mooncake-transfer-engine" if torch.version.cuda else "mooncake-transfer-engine-non-cuda")')"
 
 build: pydeps
 	$(PIP) install --no-build-isolation --no-deps -e . -q
@@ -42,7 +54,7 @@ cpp-test: sysdeps
 	cmake --build $(BUILD_DIR)
 	ctest --test-dir $(BUILD_DIR) --output-on-failure
 
-pytest: build
+pytest: build mooncake-deps
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
 
 test: cpp-test gpu-compile-check pytest
@@ -70,11 +82,7 @@ KERNEL_LAUNCHERS := csrc/kernels/index_launchers.cu
 GPU_WARNINGS := -Wall -Wextra -Werror
 
 hip-toolchain:
-	@missing=""; for p in $(HIP_APTDEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	fi
+	@$(call apt-install,$(HIP_APTDEPS))
 
 gpu-compile-check: hip-toolchain
 	@command -v $(NVCC) >/dev/null || { echo "gpu-compile-check: $(NVCC) not found; install the CUDA toolkit or set NVCC=/path/to/nvcc"; exit 1; }

@@ -6,6 +6,7 @@ accounting matters here.
     python benchmarks/capacity.py --from-json P.json V5.json L16.json --plot F.png   (no rerun)
     python benchmarks/capacity.py --scenario L16 --seeds 1 --json > L16-1.json    (a seed per process)
     python benchmarks/capacity.py --sweep [--out F.md]   # the slot layouts over budgets and mixes
+    python benchmarks/capacity.py --tiers --scenario P|V5 [--json]   # the host KV tier against GPU budgets
 
 Scenarios (each over several workload seeds):
 - P:   the demo workload (synthetic, 48 conversations), layers 1 dense + 2 CSA
@@ -21,6 +22,15 @@ pages, and "ideal" with the same pages: a perfectly fungible byte pool, the
 row-space manager (the same admission policy and page) on exact bytes instead
 of rows, so no row, lattice or indexer padding.
 
+--tiers: the row space with 32-token pages under the scenario's budget, with
+a host KV tier (ukv_torch.tiers) of 2x, 8x and 32x that budget, beside no
+tier at 1x, 9x and 64x the budget ("unlimited": nothing is evicted). The tier
+is modelled by sizes (the runs have no KV tensors): the same keys, saves,
+lookups and admissions as with bytes, objects of their real sizes in an LRU.
+Reported: hit rate (prompt blocks from HBM or the tier over those looked up),
+prefill tokens computed per step, served tokens per step, and tier bytes
+saved and loaded per step.
+
 Reported per layout (means over the seeds): the budget in use at the first
 admission refusal (bytes of live KV over the budget), served tokens per step
 and its ratio to the static split, the prefix hit rate, refusals,
@@ -28,6 +38,7 @@ preemptions, and the bytes the row space relocated per step (max, mean, and
 mean fraction of the step's live KV bytes).
 """
 import argparse
+import collections
 import datetime
 import json
 import math
@@ -41,6 +52,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ukv_torch import KvPlan, PoolSizes
+from ukv_torch.tiers import TierBackend
 from ukv_torch.demo.__main__ import (MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, PRESETS, SWA_SIZINGS, plan_layout,
                                      workload_copy)
 from ukv_torch.demo.server import Server, ServerConfig
@@ -100,9 +112,9 @@ def plan_for(scenario: Scenario, name: str) -> KvPlan:
     return ideal_plan(plan) if layout == "ideal" else plan
 
 
-def run(plan: KvPlan, ratios, workload, seed: int, max_steps: int) -> dict:
+def run(plan: KvPlan, ratios, workload, seed: int, max_steps: int, tier: Optional[TierBackend] = None) -> dict:
     cfg = ServerConfig(ratios, plan.config, check_integrity=False, seed=seed)
-    server = Server("", plan, workload_copy(workload), cfg)
+    server = Server("", plan, workload_copy(workload), cfg, tiers=[tier] if tier else [])
     step = 0
     while not server.done() and step < max_steps:
         server.step(step)
@@ -254,6 +266,85 @@ def sweep(seed: int, max_steps: int, log) -> str:
     return "\n".join(lines)
 
 
+class SizedTier(TierBackend):
+    """A host tier modelled by sizes: an LRU of keys and their objects' byte counts
+    (the runs have no KV tensors, so objects carry no bytes worth keeping)."""
+
+    name = "modelled"
+
+    def __init__(self, capacity_bytes: int):
+        self.capacity_bytes, self.used = capacity_bytes, 0
+        self.sizes: "collections.OrderedDict[str, int]" = collections.OrderedDict()
+
+    def register_buffer(self, buffer) -> None:
+        pass
+
+    def put(self, keys, buffers):
+        for key, buf in zip(keys, buffers):
+            if key in self.sizes:
+                self.sizes.move_to_end(key)
+                continue
+            while self.used + buf.numel() > self.capacity_bytes:
+                self.used -= self.sizes.popitem(last=False)[1]
+            self.sizes[key] = buf.numel()
+            self.used += buf.numel()
+        return [True] * len(keys)
+
+    def get(self, keys, buffers):
+        out = []
+        for key in keys:
+            if key in self.sizes:
+                self.sizes.move_to_end(key)
+            out.append(self.sizes.get(key, -1))
+        return out
+
+    def contains(self, keys):
+        return [key in self.sizes for key in keys]
+
+    def stats(self):
+        return dict(objects=len(self.sizes), bytes_used=self.used, capacity_bytes=self.capacity_bytes)
+
+
+# name -> (GPU budget multiple, host tier multiple of the GPU budget)
+TIER_RUNS = {"gpu-1x": (1, 0), "host-2x": (1, 2), "host-8x": (1, 8), "host-32x": (1, 32), "gpu-9x": (9, 0),
+             "gpu-unlimited": (64, 0)}
+TIER_FIGURES = ("hit_rate_with_tier", "prefix_hit_rate", "prefill_tokens_per_step", "tokens_per_step",
+                "tier_saved_bytes_per_step", "tier_loaded_bytes_per_step", "steps", "requests_completed")
+
+
+def run_tiers(name: str, seeds: Optional[List[int]], log) -> dict:
+    sc = SCENARIOS[name]
+    seeds = sc.seeds if seeds is None else seeds
+    ratios = PRESETS[sc.preset]
+    out: Dict[str, Dict[str, List[float]]] = {run_name: collections.defaultdict(list) for run_name in TIER_RUNS}
+    for seed in seeds:
+        workload = synthetic(seed, num_conversations=sc.conversations, **sc.mix)
+        for run_name, (gpu, host) in TIER_RUNS.items():
+            started = time.time()
+            scaled = Scenario(**{**sc.__dict__, "budget_mib": sc.budget_mib * gpu})
+            plan = plan_for(scaled, "row_space-32")
+            s = run(plan, ratios, workload, seed, sc.max_steps,
+                    SizedTier(host * (sc.budget_mib << 20)) if host else None)
+            for key in TIER_FIGURES:
+                out[run_name][key].append(s[key])
+            print(f"{name} seed {seed} {run_name:>14}: hit rate {s['hit_rate_with_tier']}, "
+                  f"{s['prefill_tokens_per_step']} prefill tok/step, {time.time() - started:.0f} s", file=log)
+    figures = {run_name: {key: round(float(np.mean(v)), 4) for key, v in runs.items()} for run_name, runs in out.items()}
+    return {"scenario": name, "budget_bytes": sc.budget_mib << 20, "seeds": seeds, "tiers": figures}
+
+
+def tier_table(result: dict) -> str:
+    lines = [f"Scenario {result['scenario']} with a host KV tier ({result['budget_bytes'] >> 20} MiB GPU budget, "
+             f"row space, 32-token pages, seeds {result['seeds']})", "",
+             "| run | hit rate | HBM hit rate | prefill tokens computed/step | served tok/step | tier saved "
+             "MiB/step | tier loaded MiB/step |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for run_name, f in result["tiers"].items():
+        lines.append(f"| {run_name} | {f['hit_rate_with_tier']} | {f['prefix_hit_rate']} | "
+                     f"{f['prefill_tokens_per_step']} | {f['tokens_per_step']} | "
+                     f"{f['tier_saved_bytes_per_step'] / 2 ** 20:.3f} | {f['tier_loaded_bytes_per_step'] / 2 ** 20:.3f} |")
+    return "\n".join(lines)
+
+
 def header(started: float) -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     return (f"Machine: {platform.processor() or platform.machine()}, {platform.system()}; date {datetime.date.today()};"
@@ -273,6 +364,7 @@ def main():
                     help="tables and --plot from the output of earlier --json runs, running nothing; runs of "
                          "one scenario over other seeds are combined")
     ap.add_argument("--sweep", action="store_true", help="the slot layouts over budgets and mixes instead")
+    ap.add_argument("--tiers", action="store_true", help="the host KV tier against GPU budgets instead (P, V5)")
     ap.add_argument("--seed", type=int, default=1, help="--sweep: the workload seed")
     ap.add_argument("--max-steps", type=int, default=3000, help="--sweep: the step limit")
     args = ap.parse_args()
@@ -280,6 +372,14 @@ def main():
     if args.sweep:
         table_text = sweep(args.seed, args.max_steps, sys.stderr)
         text = header(started) + "\n\n" + table_text
+    elif args.tiers:
+        names = ["P", "V5"] if args.scenario == "all" else [args.scenario]
+        seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
+        results = [run_tiers(name, seeds, sys.stderr) for name in names]
+        if args.json:
+            for result in results:
+                print(json.dumps(result))
+        text = header(started) + "\n\n" + "\n\n".join(tier_table(r) for r in results)
     else:
         layouts = args.layouts.split(",")
         unknown = [name for name in layouts if name not in LAYOUTS]

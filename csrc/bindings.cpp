@@ -104,9 +104,10 @@ TORCH_LIBRARY(ukv, m) {
            "sequence-level KV manager: prefix cache, sliding window, per-type tables, admission, staging "
            "(config and pools: a serialised ukv_torch.ServeConfig and PoolSizes)",
            {torch::arg("config"), torch::arg("pools"), torch::arg("device") = std::string()})
-      .def("can_allocate", &KvManagerHolder::can_allocate, "", {torch::arg("tokens"), torch::arg("salt") = 0})
+      .def("can_allocate", &KvManagerHolder::can_allocate, "",
+           {torch::arg("tokens"), torch::arg("salt") = 0, torch::arg("loaded_tokens") = 0})
       .def("allocate", &KvManagerHolder::allocate, "",
-           {torch::arg("seq_id"), torch::arg("tokens"), torch::arg("salt") = 0})
+           {torch::arg("seq_id"), torch::arg("tokens"), torch::arg("salt") = 0, torch::arg("loaded_tokens") = 0})
       .def("ensure_for_tokens", &KvManagerHolder::ensure_for_tokens)
       .def("commit_prefill", &KvManagerHolder::commit_prefill)
       .def("can_append", &KvManagerHolder::can_append, "", {torch::arg("seq_ids"), torch::arg("num_new_tokens")})
@@ -121,8 +122,11 @@ TORCH_LIBRARY(ukv, m) {
       .def("logical_table", &KvManagerHolder::logical_table)
       .def("swa_table", &KvManagerHolder::swa_table)
       .def("phys_table", &KvManagerHolder::phys_table)
+      .def("staged_swa_table", &KvManagerHolder::staged_swa_table)
       .def("describe_sequence", &KvManagerHolder::describe_sequence)
       .def("import_sequence", &KvManagerHolder::import_sequence)
+      .def("locate_blocks", &KvManagerHolder::locate_blocks)
+      .def("locate_pages", &KvManagerHolder::locate_pages)
       .def("stage", &KvManagerHolder::stage)
       .def("upload", &KvManagerHolder::upload)
       .def("mark_uploaded", &KvManagerHolder::mark_uploaded)

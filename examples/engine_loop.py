@@ -10,6 +10,13 @@ hold content tags, and every index the step's ops build (attention_metadata.py)
 must read the tag its position expects.
 
     python examples/engine_loop.py [--layout static|upstream|elastic|row_space] [--device cpu|cuda]
+                                   [--tier none|host|mooncake [--mooncake-master HOST:PORT ...]]
+
+With a tier (ukv_torch.tiers), every block the prefix cache publishes is
+written through to it, and an admission loads the blocks that continue its
+HBM hit from it; the tag check covers every read of restored rows. mooncake:
+a host tier, then a Mooncake Store that other engine processes may share
+(a local mooncake_master is started when no --mooncake-master is given).
 
 Prints one line (PASS or FAIL and the run's counts); exits 1 on any mismatch.
 """
@@ -30,6 +37,8 @@ from attention_metadata import AttentionMetadata, Chunk
 from tagged_model import TaggedModel, Work, extend_tags
 from ukv_torch import (KvManager, KvStepOps, ModelKvSpec, SequenceExport, ServeConfig, allocate_unified_kv,
                        plan_kv_layout, table_index)
+from ukv_torch.tiers import HostTier, TierCache
+from ukv_torch.tiers.mooncake_master import MooncakeMaster
 
 LAYERS = (0, 4, 128, 4, 128)  # one dense (SWA only), two CSA and two HCA layers
 VOCAB = 32000
@@ -108,13 +117,33 @@ class Engine:
         self.ops = KvStepOps(self.plan, self.kv, self.mgr)
         self.metadata = AttentionMetadata(self.ops, index_topk=64, device=self.device)
         self.model = TaggedModel(self.ops, self.metadata, seed=args.seed)
+        self.master = None  # a mooncake_master this engine started itself
+        self.tiers = None if args.tier == "none" else TierCache(self.plan, self.kv, self.tier_backends(args))
         # Room for the drafts of the last step: positions up to len(tokens) - 1 + mtp_k.
         max_len = config.max_blocks_per_seq * config.block_size - 1 - config.mtp_k
         self.workload = Workload(self.rng, args.requests, max_len)
         self.waiting = collections.deque(self.workload.first(args.requests * 2 // 3))
         self.running: List[Request] = []
-        self.steps = self.finished = self.rejected = self.preemptions = self.hit_tokens = 0
+        self.steps = self.finished = self.rejected = self.preemptions = self.hit_tokens = self.loaded_tokens = 0
         self.problems: List[str] = []
+
+    def tier_backends(self, args) -> list:
+        backends = [HostTier(args.tier_mult * self.plan.budget_bytes)]
+        if args.tier == "mooncake":
+            from ukv_torch.tiers.mooncake import MooncakeTier  # the optional extra
+            master, metadata, metrics = args.mooncake_master, args.mooncake_metadata, None
+            if master is None:
+                self.master = MooncakeMaster().start()
+                master, metadata, metrics = (self.master.master_address, self.master.metadata_url,
+                                             self.master.metrics_url)
+            backends.append(MooncakeTier(master, metadata, args.mooncake_segment_kib << 10, metrics_url=metrics))
+        return backends
+
+    def close(self) -> None:
+        for backend in self.tiers.backends if self.tiers else []:
+            backend.close()
+        if self.master is not None:
+            self.master.stop()
 
     def done(self) -> bool:
         return not self.waiting and not self.running
@@ -139,8 +168,12 @@ class Engine:
         if self.args.fault != "skip-row-copies":
             # Units the row space moved to make room: before anything reads or writes KV.
             self.ops.apply_row_copies()
+        if self.tiers and self.args.fault != "skip-tier-fill":  # loaded prefixes into their rows, before the forward
+            self.tiers.fill(self.mgr)
         self.forward(decode, prefill)
         self.commit(decode, prefill)
+        if self.tiers:  # what the commit published, written through (before the next step's allocations)
+            self.tiers.save(self.mgr, self.mgr.take_events())
 
     def schedule_decode(self) -> List[Request]:
         """Every decoding sequence computes 1 + its drafts. While can_append cannot
@@ -157,7 +190,7 @@ class Engine:
 
     def preempt(self, r: Request) -> None:
         """Back to the queue's head with every known token; re-admission hits what the cache kept."""
-        self.mgr.deallocate(r.rid)
+        self.deallocate([r])
         self.running.remove(r)
         r.computed, r.decoding, r.drafts = 0, False, []
         self.waiting.appendleft(r)
@@ -172,7 +205,7 @@ class Engine:
                 budget -= chunks[-1][1]
         while self.waiting and budget > 0:
             r = self.waiting[0]
-            cached = self.mgr.allocate(r.rid, r.tokens)
+            cached = self.admit(r)
             if cached == KvManager.NOT_NOW:  # live sequences hold what it needs: it waits
                 break
             self.waiting.popleft()
@@ -180,11 +213,29 @@ class Engine:
                 self.rejected += 1
                 continue
             r.computed = cached  # the cached prefix: prefill starts there
-            self.hit_tokens += cached
             self.running.append(r)
             chunks.append((r, min(len(r.tokens) - cached, budget)))
             budget -= chunks[-1][1]
         return chunks
+
+    def admit(self, r: Request) -> int:
+        """allocate(), through the tiers when there are any: the HBM hit and the loaded prefix."""
+        if not self.tiers:
+            cached = self.mgr.allocate(r.rid, r.tokens)
+            self.hit_tokens += max(0, cached)
+            return cached
+        hit = self.mgr.can_allocate(r.tokens)
+        cached = self.tiers.admit(self.mgr, r.rid, r.tokens)
+        if cached >= 0:
+            self.hit_tokens += hit
+            self.loaded_tokens += cached - hit
+        return cached
+
+    def deallocate(self, done: List[Request]) -> None:
+        ids = [r.rid for r in done]
+        if self.tiers:
+            self.tiers.cancel_loads(ids)
+        self.mgr.deallocate(ids)
 
     def forward(self, decode: List[Request], prefill: List[Tuple[Request, int]]) -> None:
         """The model's step over the staged rows: decode rows first, then the prefill chunks."""
@@ -241,7 +292,7 @@ class Engine:
     def finish(self, done: List[Request]) -> None:
         if not done:
             return
-        self.mgr.deallocate([r.rid for r in done])  # full blocks stay cached for later hits
+        self.deallocate(done)  # full blocks stay cached for later hits
         for r in done:
             self.running.remove(r)
             self.finished += 1
@@ -301,7 +352,8 @@ class Engine:
         ok = not problems
         counts = dict(layout=self.cfg.layout, device=self.device.type, steps=self.steps, requests=self.finished,
                       refusals=stats["admission_refusals"], rejected=self.rejected, preemptions=self.preemptions,
-                      hit_tokens=self.hit_tokens,
+                      hit_tokens=self.hit_tokens, loaded_tokens=self.loaded_tokens,
+                      store_objects=self.tiers.counters.get("mooncake_fetched_objects", 0) if self.tiers else 0,
                       whole_chunks=stats["whole_chunks"], moved_rows=stats.get("moved_rows", 0),
                       checked_indices=self.model.checked, mismatches=len(self.model.mismatches),
                       seconds=f"{seconds:.1f}")
@@ -319,10 +371,23 @@ def parse_args(argv=None):
     p.add_argument("--budget-kib", type=int, default=None,
                    help=f"KV byte budget in KiB, of 8-byte tag rows (default per layout: {BUDGET_KIB})")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tier", default="none", choices=("none", "host", "mooncake"),
+                   help="KV tiers beyond HBM: host = ukv_torch.tiers.HostTier in this process; mooncake = that, "
+                        "then a Mooncake Store")
+    p.add_argument("--tier-mult", type=int, default=8, help="the host tier's capacity, in multiples of the KV budget")
+    p.add_argument("--mooncake-master", help="the store's mooncake_master RPC address (default: start one here)")
+    p.add_argument("--mooncake-metadata", help="its metadata URL, with --mooncake-master "
+                                               "(http://HOST:PORT/metadata for the master's own server)")
+    p.add_argument("--mooncake-segment-kib", type=int, default=64 << 10,
+                   help="host memory this process contributes to the store, KiB (at least 16 MiB)")
+    p.add_argument("--linger", action="store_true",
+                   help="after the run, keep this process (and the store memory it contributes) up until stdin "
+                        "closes, so other engines can read what it saved")
     p.add_argument("--max-steps", type=int, default=3000)
-    p.add_argument("--fault", default="none", choices=("none", "table", "skip-row-copies"),
+    p.add_argument("--fault", default="none", choices=("none", "table", "skip-row-copies", "skip-tier-fill"),
                    help="table: damage a staged SWA entry in every step that decodes; skip-row-copies "
-                        "(row_space): never apply the manager's row copies. Either must make the check fail")
+                        "(row_space): never apply the manager's row copies; skip-tier-fill (with --tier): never "
+                        "write loaded prefixes into their rows. Each must make the check fail")
     return p.parse_args(argv)
 
 
@@ -330,12 +395,19 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.device == "cpu":
         torch.set_num_threads(1)  # the step's tensors are small: intra-op threads cost more than they save
+    if (args.mooncake_master is None) != (args.mooncake_metadata is None):
+        raise SystemExit("--mooncake-master and --mooncake-metadata go together")
     engine = Engine(args)
     started = time.time()
-    while not engine.done() and engine.steps < args.max_steps and not engine.failed():
-        engine.step()
-    ok, report = engine.outcome(time.time() - started)
-    print(report)
+    try:
+        while not engine.done() and engine.steps < args.max_steps and not engine.failed():
+            engine.step()
+        ok, report = engine.outcome(time.time() - started)
+        print(report, flush=True)
+        if args.linger:  # what this engine saved stays readable from its store memory until then
+            sys.stdin.read()
+    finally:
+        engine.close()
     return 0 if ok else 1
 
 

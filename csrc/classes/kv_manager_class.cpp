@@ -45,15 +45,20 @@ void KvManagerHolder::make_stager() {
                                           parse_device(device_));
 }
 
-int64_t KvManagerHolder::can_allocate(const at::Tensor& tokens, int64_t salt) {
+int64_t KvManagerHolder::can_allocate(const at::Tensor& tokens, int64_t salt, int64_t loaded_tokens) {
   const at::Tensor t = token_arg(tokens, "tokens");
-  return locked([&] { return manager_->can_allocate(t.data_ptr<int32_t>(), t.numel(), static_cast<uint64_t>(salt)); });
+  return locked([&] {
+    return manager_->can_allocate_loaded(t.data_ptr<int32_t>(), t.numel(), loaded_tokens, static_cast<uint64_t>(salt));
+  });
 }
 
-int64_t KvManagerHolder::allocate(int64_t seq_id, const at::Tensor& tokens, int64_t salt) {
+int64_t KvManagerHolder::allocate(int64_t seq_id, const at::Tensor& tokens, int64_t salt, int64_t loaded_tokens) {
   const at::Tensor t = token_arg(tokens, "tokens");
-  return locked(
-      [&] { return manager_->allocate(seq_id, t.data_ptr<int32_t>(), t.numel(), static_cast<uint64_t>(salt)); });
+  return locked([&] {
+    const auto s = static_cast<uint64_t>(salt);
+    return loaded_tokens == 0 ? manager_->allocate(seq_id, t.data_ptr<int32_t>(), t.numel(), s)
+                              : manager_->allocate_loaded(seq_id, t.data_ptr<int32_t>(), t.numel(), loaded_tokens, s);
+  });
 }
 
 void KvManagerHolder::ensure_for_tokens(const at::Tensor& seq_ids, const at::Tensor& counts) {
@@ -124,6 +129,10 @@ at::Tensor KvManagerHolder::phys_table(int64_t seq_id, int64_t type) {
   return locked([&] { return to_tensor(manager_->phys_table(seq_id, type)); });
 }
 
+at::Tensor KvManagerHolder::staged_swa_table(int64_t seq_id) {
+  return locked([&] { return to_tensor(manager_->staged_swa_table(seq_id)); });
+}
+
 KvManagerHolder::SequenceDescription KvManagerHolder::describe_sequence(int64_t seq_id) {
   return locked([&] {
     const KvManager& m = *manager_;
@@ -149,6 +158,40 @@ int64_t KvManagerHolder::import_sequence(int64_t seq_id, const at::Tensor& token
   return locked([&] {
     return manager_->import_sequence(seq_id, t.data_ptr<int32_t>(), t.numel(), num_computed,
                                      static_cast<uint64_t>(salt));
+  });
+}
+
+namespace {
+
+// The hashes and the tokens of n units of `unit_tokens` tokens each, checked.
+std::pair<at::Tensor, at::Tensor> locate_args(const at::Tensor& hashes, const at::Tensor& tokens, int64_t unit_tokens) {
+  at::Tensor h = int64_arg(hashes, "hashes"), t = token_arg(tokens, "tokens");
+  TORCH_CHECK(t.numel() == h.numel() * unit_tokens, "tokens must hold ", unit_tokens, " tokens per hash (",
+              h.numel() * unit_tokens, "), got ", t.numel());
+  return {h, t};
+}
+
+}  // namespace
+
+at::Tensor KvManagerHolder::locate_blocks(const at::Tensor& hashes, const at::Tensor& tokens) {
+  return locked([&] {
+    const KvManager& m = *manager_;
+    const auto [h, t] = locate_args(hashes, tokens, m.config().block_size);
+    at::Tensor out = at::empty({h.numel(), 1 + m.config().num_phys_tables()}, at::TensorOptions().dtype(at::kInt));
+    m.locate_blocks(reinterpret_cast<const uint64_t*>(h.data_ptr<int64_t>()), t.data_ptr<int32_t>(), h.numel(),
+                    out.data_ptr<int32_t>());
+    return out;
+  });
+}
+
+at::Tensor KvManagerHolder::locate_pages(const at::Tensor& hashes, const at::Tensor& tokens) {
+  return locked([&] {
+    const KvManager& m = *manager_;
+    const auto [h, t] = locate_args(hashes, tokens, m.config().swa_page());
+    at::Tensor out = at::empty({h.numel()}, at::TensorOptions().dtype(at::kInt));
+    m.locate_pages(reinterpret_cast<const uint64_t*>(h.data_ptr<int64_t>()), t.data_ptr<int32_t>(), h.numel(),
+                   out.data_ptr<int32_t>());
+    return out;
   });
 }
 

@@ -26,8 +26,9 @@ class KvManagerHolder : public torch::CustomClassHolder {
   KvManagerHolder(std::unique_ptr<KvManager> manager, std::string device);
 
   // salt: the request's 64-bit cache salt as int64 (0: none; KvManager::allocate).
-  int64_t can_allocate(const at::Tensor& tokens, int64_t salt);
-  int64_t allocate(int64_t seq_id, const at::Tensor& tokens, int64_t salt);
+  int64_t can_allocate(const at::Tensor& tokens, int64_t salt, int64_t loaded_tokens);
+  // loaded_tokens > 0: KvManager::allocate_loaded (a prefix found in a KV tier).
+  int64_t allocate(int64_t seq_id, const at::Tensor& tokens, int64_t salt, int64_t loaded_tokens);
   void ensure_for_tokens(const at::Tensor& seq_ids, const at::Tensor& counts);
   void commit_prefill(const at::Tensor& seq_ids, const at::Tensor& counts, const at::Tensor& sampled);
   // num_new_tokens: one count per sequence (1 + its draft tokens this step).
@@ -44,6 +45,7 @@ class KvManagerHolder : public torch::CustomClassHolder {
   at::Tensor logical_table(int64_t seq_id);
   at::Tensor swa_table(int64_t seq_id);
   at::Tensor phys_table(int64_t seq_id, int64_t type);
+  at::Tensor staged_swa_table(int64_t seq_id);
 
   // A decoding sequence for export: (tokens, num_computed, the first position
   // whose SWA rows travel, block hashes, logical table, staged SWA units,
@@ -53,6 +55,11 @@ class KvManagerHolder : public torch::CustomClassHolder {
       std::tuple<at::Tensor, int64_t, int64_t, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t>;
   SequenceDescription describe_sequence(int64_t seq_id);
   int64_t import_sequence(int64_t seq_id, const at::Tensor& tokens, int64_t num_computed, int64_t salt);
+  // KvManager::locate_blocks / locate_pages: hashes int64 [n] (the unsigned
+  // bits), tokens int32 or int64 [n * block_size] (resp. [n * swa_page]);
+  // int32 [n, 1 + num_phys_tables] (resp. [n]).
+  at::Tensor locate_blocks(const at::Tensor& hashes, const at::Tensor& tokens);
+  at::Tensor locate_pages(const at::Tensor& hashes, const at::Tensor& tokens);
 
   void stage(const at::Tensor& seq_ids);
   void upload(int64_t rows);

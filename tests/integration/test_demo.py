@@ -41,7 +41,7 @@ def test_step_sized_swa_pool_serves_with_no_mismatch():
     assert out["swa_sizing"] == "step"
     for row in out["layouts"]:
         assert row["mismatches"] == 0 and row["checked_indices"] > 100_000, row["layout"]
-        if row["layout"] == "row space":
+        if row["layout"].startswith("row space"):
             continue  # one space of rows: SWA has no pool of its own to size
         assert row["swa_blocks"] == 8 * 2 + 512 // 128, row["layout"]  # 8 windows of 2 blocks + one step's chunks
 
@@ -63,9 +63,15 @@ def test_row_space_reads_its_kv_through_prefix_hits_and_relocations():
                            "--index-topk", "64", "--plot", "", "--layouts", "row_space", "--json"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (row,) = json.loads(proc.stdout)["layouts"]
+    row, tiered = json.loads(proc.stdout)["layouts"]
     assert row["moved_bytes_per_step_max"] > 0 and row["prefix_hit_rate"] > 0.1
     assert row["mismatches"] == 0 and row["checked_indices"] > 1_000_000
+    # Beside it, the row space with the host tier (on by default): it loads what the HBM
+    # cache lost, computes less, and every index into the restored rows checks.
+    assert tiered["layout"] == "row space + host tier 8x"
+    assert tiered["loaded_tokens"] > 0 and tiered["hit_rate_with_tier"] > row["hit_rate_with_tier"]
+    assert tiered["computed_tokens_per_step"] < row["computed_tokens_per_step"]
+    assert tiered["mismatches"] == 0 and tiered["checked_indices"] > 1_000_000
 
 
 def test_the_text_report_leads_with_the_outcome():
@@ -109,3 +115,13 @@ def test_unknown_swa_sizing_is_refused_by_name():
     from ukv_torch.demo.__main__ import plan_layout
     with pytest.raises(ValueError, match="swa_sizing"):
         plan_layout(64 << 20, [0, 4, 128], "elastic", max_num_seqs=8, max_num_batched_tokens=512, swa_sizing="tight")
+
+
+def test_the_mooncake_tier_starts_its_own_master_and_reads_restored_rows_correctly():
+    from support.mooncake_master import require_mooncake
+    require_mooncake()
+    proc = run_demo("--layouts", "row_space", "--tier", "mooncake", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row, tiered = json.loads(proc.stdout)["layouts"]
+    assert tiered["layout"] == "row space + mooncake tier 8x"
+    assert tiered["mismatches"] == 0 and tiered["checked_indices"] > 100_000

@@ -44,3 +44,18 @@ def test_the_check_fails_on_a_wrong_index(layout, fault):
 def test_the_loop_passes_on_cuda():
     status, verdict, counts = run_example("--device", "cuda")
     assert (status, verdict) == (0, "PASS"), counts
+
+
+@pytest.mark.parametrize("layout", ["static", "elastic", "row_space"])
+def test_restored_prefixes_read_what_their_positions_expect(layout):
+    """With the host tier, admissions load prefixes the HBM cache lost, and every index into them checks."""
+    status, verdict, counts = run_example("--layout", layout, "--tier", "host")
+    assert (status, verdict) == (0, "PASS"), counts
+    assert int(counts["loaded_tokens"]) > 0 and int(counts["mismatches"]) == 0
+    assert int(counts["requests"]) == 24
+
+
+def test_the_check_fails_when_loaded_rows_are_not_written():
+    status, verdict, counts = run_example("--tier", "host", "--fault", "skip-tier-fill")
+    assert (status, verdict) == (1, "FAIL"), counts
+    assert int(counts["loaded_tokens"]) > 0 and int(counts["mismatches"]) > 0

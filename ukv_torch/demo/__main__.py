@@ -10,6 +10,8 @@ import sys
 import time
 
 from .. import ServeConfig
+from ..tiers import HostTier
+from ..tiers.mooncake_master import MooncakeMaster
 from ..plan.planning import MODEL_PRESETS, plan_kv_layout
 from . import report
 from .server import Server, ServerConfig
@@ -74,6 +76,14 @@ def parse_args(argv=None):
                    help="SWA pool = max_num_seqs windows + a prefill-chunk term: upstream's fixed 64 blocks, "
                         "or the blocks --max-num-batched-tokens spans")
     p.add_argument("--index-topk", type=int, default=1024, help="CSA top-k cells each query's indices cover")
+    p.add_argument("--tier", default="host", choices=("host", "mooncake", "none"),
+                   help="host: also serve the row space with a host-memory KV tier (ukv_torch.tiers.HostTier) "
+                        "beside it, which saves every published block and loads what continues a prefix hit; "
+                        "mooncake: a host tier, then a Mooncake Store")
+    p.add_argument("--tier-mult", type=int, default=8, help="the host tier's capacity in multiples of the budget")
+    p.add_argument("--mooncake-master", help="--tier mooncake: the store's mooncake_master RPC address "
+                                             "(default: start one here)")
+    p.add_argument("--mooncake-metadata", help="its metadata URL, with --mooncake-master")
     p.add_argument("--plot", default="ukv_demo_occupancy.png", help="PNG path ('' for none)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--eager", action="store_true",
@@ -89,17 +99,60 @@ def run(args) -> int:
     budget = int(args.budget_mib * (1 << 20))
     workload = (load_jsonl(args.workload, args.seed) if args.workload
                 else synthetic(args.seed, num_conversations=args.conversations))
-    results = []
     started = time.time()
-    for layout in args.layouts.split(","):
+    layouts = args.layouts.split(",")
+    for layout in layouts:
         if layout not in LAYOUTS:
             raise SystemExit(f"--layouts: unknown layout {layout!r} (choose from {', '.join(LAYOUTS)})")
+    if (args.mooncake_master is None) != (args.mooncake_metadata is None):
+        raise SystemExit("--mooncake-master and --mooncake-metadata go together")
+    runs = [(layout, False) for layout in layouts]
+    if args.tier != "none" and "row_space" in layouts:  # the row space with the tier, beside it without
+        runs.insert(layouts.index("row_space") + 1, ("row_space", True))
+    store = Store(args)
+    try:
+        results = serve(args, runs, budget, ratios, workload, store)
+    finally:
+        store.close()
+    summaries = [r.summary() for r in results]
+    return report_run(args, results, summaries, budget, ratios, workload, started)
+
+
+class Store:
+    """The Mooncake Store of --tier mooncake (a local master when none is given); nothing otherwise."""
+
+    def __init__(self, args):
+        self.master = None
+        self.address, self.metadata, self.metrics = args.mooncake_master, args.mooncake_metadata, None
+        if args.tier == "mooncake" and self.address is None:
+            self.master = MooncakeMaster().start()
+            self.address, self.metadata, self.metrics = (self.master.master_address, self.master.metadata_url,
+                                                         self.master.metrics_url)
+
+    def backends(self, args, budget: int) -> list:
+        backends = [HostTier(args.tier_mult * budget)]
+        if args.tier == "mooncake":
+            from ..tiers.mooncake import MooncakeTier  # the optional extra
+            backends.append(MooncakeTier(self.address, self.metadata, args.tier_mult * budget,
+                                         metrics_url=self.metrics))
+        return backends
+
+    def close(self) -> None:
+        if self.master is not None:
+            self.master.stop()
+
+
+def serve(args, runs, budget, ratios, workload, store) -> list:
+    results = []
+    for layout, tiered in runs:
         plan = plan_layout(budget, ratios, layout, max_num_seqs=args.max_num_seqs, swa_page_tokens=args.swa_page_tokens,
                            max_num_batched_tokens=args.max_num_batched_tokens, swa_sizing=args.swa_sizing)
         cfg = ServerConfig(ratios, plan.config, index_topk=args.index_topk, max_steps=args.steps, device=args.device,
                            seed=args.seed, inject_fault_step=args.inject_fault, cuda_graph=not args.eager)
-        server = Server(LAYOUTS[layout], plan, workload_copy(workload), cfg)
-        bar = report.Progress(layout, workload.total_turns())
+        name = LAYOUTS[layout] + (f" + {args.tier} tier {args.tier_mult}x" if tiered else "")
+        tiers = store.backends(args, budget) if tiered else []
+        server = Server(name, plan, workload_copy(workload), cfg, tiers=tiers)
+        bar = report.Progress(layout + (" + tier" if tiered else ""), workload.total_turns())
         step = 0
         while not server.done() and step < args.steps:
             server.step(step)
@@ -108,7 +161,12 @@ def run(args) -> int:
         bar.close()
         server.result.steps = step
         results.append(server.finish_run())
-    summaries = [r.summary() for r in results]
+        for backend in tiers:
+            backend.close()
+    return results
+
+
+def report_run(args, results, summaries, budget, ratios, workload, started) -> int:
     if args.json:
         print(json.dumps({"budget_bytes": budget, "preset": args.preset, "swa_sizing": args.swa_sizing,
                           "layouts": summaries}, indent=2))

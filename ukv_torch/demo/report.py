@@ -10,7 +10,9 @@ COLUMNS = [
     ("peak_swa_rows", "peak SWA rows"), ("mean_swa_rows", "mean SWA rows"),
     ("peak_compress_rows", "peak cmp rows"), ("mean_util", "mean util"),
     ("util_at_first_refusal", "util @1st refusal"),
-    ("fullest_tensor_at_first_refusal", "fullest tensor @1st refusal"), ("prefix_hit_rate", "hit rate"), ("borrows", "borrows"),
+    ("fullest_tensor_at_first_refusal", "fullest tensor @1st refusal"), ("prefix_hit_rate", "hit rate"),
+    ("hit_rate_with_tier", "hit rate with tier"), ("tier_loaded_bytes_per_step", "tier loaded B/step"),
+    ("tier_saved_bytes_per_step", "tier saved B/step"), ("borrows", "borrows"),
     ("swa_evictions", "SWA evict"), ("reclaimed_slots", "reclaimed"), ("compress_evictions", "cached reused"), ("preemptions", "preempt"),
     ("admission_refusals", "refusals"), ("mean_stranded_rows_at_refusal", "stranded rows"),
     ("checked_indices", "indices checked"), ("decode_graph_replays", "graph replays"), ("mismatches", "mismatches"),
@@ -44,6 +46,7 @@ LEGEND = """served tok/step: prompt and generated tokens finished per step (the 
 computed tok/step: tokens the model ran (a prefix hit is served without being computed);
 hit rate: prompt blocks found in the prefix cache / prompt blocks looked up at admission
 (a repeat of a prompt whose cached blocks were all evicted or never complete finds none);
+hit rate with tier: the same with the blocks loaded from the host tier counted as found;
 util @1st refusal: rows in use / all rows when admission first said no ('-': it never did);
 refusals: admissions that had to wait; preempt: running requests stopped to make room."""
 

@@ -8,18 +8,24 @@ running requests and new admissions fill the token budget (chunked prefill),
 the batch is staged and uploaded, the "model" writes its KV tags, the indices
 are built and checked, and the step is committed. Finished turns free their
 sequence; follow-up turns arrive later with the whole history as prompt.
+
+With KV tiers (backends given to the Server, searched in order), admissions
+load what continues their HBM hit from them, the loaded rows are written before the
+step's forward (so the check reads them), and every block the step published
+is saved to it (ukv_torch.tiers.TierCache).
 """
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
 from .. import KvManager, ServeConfig, swa_slot_mapping, table_index
 from ..plan.planning import KvPlan
+from ..tiers import TierBackend, TierCache
 from .content_tags import TokenTags
 from .integrity import IntegrityChecker, Token, ragged
 from .tagged_kv import TaggedKv
@@ -61,6 +67,9 @@ class LayoutResult:
     completed: int = 0
     tokens_served: int = 0    # completed requests' prompt (cached prefix included) and output tokens
     tokens_computed: int = 0  # tokens the model ran: prefill chunks (recomputation included) and decodes
+    prefill_tokens_computed: int = 0  # of which prefill chunks
+    loaded_tokens: int = 0    # prompt tokens admitted as loaded from a KV tier
+    tier: Dict[str, int] = field(default_factory=dict)  # the TierCache's stats at the end
     preemptions: int = 0
     refusals: int = 0
     unservable: int = 0
@@ -78,6 +87,7 @@ class LayoutResult:
     def summary(self) -> Dict[str, object]:
         s = self.stats
         q = max(1, s.get("prefix_query_blocks", 0))
+        steps = max(1, self.steps)
         util = self.series["util"]
         return {
             "layout": self.name,
@@ -91,6 +101,7 @@ class LayoutResult:
             "tokens_served": self.tokens_served,
             "tokens_per_step": round(self.tokens_served / max(1, self.steps), 1),
             "computed_tokens_per_step": round(self.tokens_computed / max(1, self.steps), 1),
+            "prefill_tokens_per_step": round(self.prefill_tokens_computed / max(1, self.steps), 1),
             "peak_swa_rows": int(max(self.series["swa_rows"], default=0)),
             "mean_swa_rows": round(float(np.mean(self.series["swa_rows"])) if util else 0.0, 1),
             "peak_compress_rows": int(max(self.series["compress_rows"], default=0)),
@@ -110,6 +121,11 @@ class LayoutResult:
             "fullest_tensor_at_first_refusal": None if self.first_refusal_tensor_util is None
             else round(self.first_refusal_tensor_util, 4),
             "prefix_hit_rate": round(s.get("prefix_hit_blocks", 0) / q, 4),
+            # Prompt blocks served from HBM or loaded from a tier, over those looked up.
+            "hit_rate_with_tier": round((s.get("prefix_hit_blocks", 0) + self.tier.get("loaded_blocks", 0)) / q, 4),
+            "loaded_tokens": self.loaded_tokens,
+            "tier_saved_bytes_per_step": round(self.tier.get("saved_bytes", 0) / steps, 1),
+            "tier_loaded_bytes_per_step": round(self.tier.get("loaded_bytes", 0) / steps, 1),
             "borrows": sum(v for k, v in s.items() if k.endswith("_borrows")),
             "swa_evictions": s.get("swa_evictions", 0),
             "reclaimed_slots": s.get("reclaimed_slots", 0),
@@ -135,7 +151,8 @@ def corrupt_entry(tables: torch.Tensor, swa_table: int):
 
 
 class Server:
-    def __init__(self, name: str, plan: KvPlan, workload: Workload, cfg: ServerConfig):
+    def __init__(self, name: str, plan: KvPlan, workload: Workload, cfg: ServerConfig,
+                 tiers: Sequence[TierBackend] = ()):
         if plan.config != cfg.serve:
             raise ValueError(f"Server: the plan was made for {plan.config}, not for cfg.serve {cfg.serve}")
         self.cfg, self.serve, self.workload, self.plan = cfg, cfg.serve, workload, plan
@@ -149,6 +166,7 @@ class Server:
         if cfg.cuda_graph and cfg.check_integrity and self.device.type == "cuda":
             self.checker.capture_decode(self.mgr.tables)
         self.result = LayoutResult(name, plan)
+        self.tiers = TierCache(plan, self.kv, tiers) if tiers else None
         self.waiting: collections.deque = collections.deque()
         self.running: List[Request] = []
         self.arrivals: Dict[int, List[Request]] = collections.defaultdict(list)
@@ -200,8 +218,13 @@ class Server:
             self.mgr.append([r.seq_id for r in decoding])
         return decoding
 
-    def _preempt(self, r: Request) -> None:
+    def _deallocate(self, r: Request) -> None:
+        if self.tiers is not None:
+            self.tiers.cancel_loads([r.seq_id])
         self.mgr.deallocate(r.seq_id)
+
+    def _preempt(self, r: Request) -> None:
+        self._deallocate(r)
         self.running.remove(r)
         r.computed, r.decoding = 0, False
         self.waiting.appendleft(r)
@@ -217,7 +240,7 @@ class Server:
         while self.waiting and budget > 0 and len(self.running) < self.serve.max_num_seqs:
             r = self.waiting[0]
             seq_id = self.next_seq_id
-            cached = self.mgr.allocate(seq_id, torch.from_numpy(r.tags.tokens))
+            cached = self._admit(seq_id, r)
             if cached == KvManager.NEVER_FITS:  # not even with nothing live: the engine rejects it
                 self.waiting.popleft()
                 self.result.unservable += 1
@@ -234,6 +257,17 @@ class Server:
             chunks.append((r, n))
             budget -= n
         return chunks
+
+    def _admit(self, seq_id: int, r: Request) -> int:
+        """allocate(), through the tier when there is one."""
+        tokens = torch.from_numpy(r.tags.tokens)
+        if self.tiers is None:
+            return self.mgr.allocate(seq_id, tokens)
+        hit = self.mgr.can_allocate(tokens)
+        cached = self.tiers.admit(self.mgr, seq_id, tokens)
+        if cached >= 0:
+            self.result.loaded_tokens += cached - hit
+        return cached
 
     # --- memory accounting ---------------------------------------------------
     def _rows_in_use(self, stats) -> Dict[str, float]:
@@ -283,6 +317,8 @@ class Server:
         tables = self.mgr.tables[: len(batch)]
         if self.kv is not None:  # the units the row space moved, before the step touches KV
             self.kv.apply_copies(self.mgr.row_copies, self.mgr.row_copy_counts)
+        if self.tiers is not None:  # loaded prefixes into their rows, before the model reads them
+            self.tiers.fill(self.mgr)
         decode_tokens = [Token(i, r.tags.tags, r.computed, 1, f"request {r.rid} (decode)")
                          for i, r in enumerate(decoding)]
         prefill_tokens = [Token(len(decoding) + j, r.tags.tags, r.computed, n, f"request {r.rid} (prefill)")
@@ -351,11 +387,14 @@ class Server:
                     r.tags.append([tok])
                     r.decoding = True
                 self.result.tokens_computed += n
+                self.result.prefill_tokens_computed += n
         for r in [r for r in self.running if len(r.tags) >= r.target_len]:
             self._finish(step, r)
+        if self.tiers is not None:  # what the commit published, written through to the tier
+            self.tiers.save(self.mgr, self.mgr.take_events())
 
     def _finish(self, step: int, r: Request) -> None:
-        self.mgr.deallocate(r.seq_id)
+        self._deallocate(r)
         self.running.remove(r)
         self.result.completed += 1
         self.result.tokens_served += len(r.tags)
@@ -366,6 +405,9 @@ class Server:
 
     def finish_run(self) -> LayoutResult:
         self.result.stats = self.mgr.stats()
+        if self.tiers is not None:
+            self.tiers.flush()
+            self.result.tier = self.tiers.stats()
         if self.checker is not None:
             self.result.checked_indices = self.checker.checked
             self.result.decode_graph_replays = self.checker.captured.replays if self.checker.captured else 0

@@ -102,12 +102,13 @@ class KvManager:
     NOT_NOW = -1     # live sequences hold what it needs (or max_num_seqs are live): retry later
     NEVER_FITS = -2  # it would not fit with no sequence live: reject the request
 
-    def can_allocate(self, tokens: IntsLike, *, salt: Salt = None) -> int:
-        """The cached prefix in tokens allocate() would give now, or NOT_NOW / NEVER_FITS;
-        changes nothing (not even the refusal count)."""
-        return self.torch_object.can_allocate(_tokens(tokens), salt_arg(salt))
+    def can_allocate(self, tokens: IntsLike, *, salt: Salt = None, loaded_tokens: int = 0) -> int:
+        """The cached prefix in tokens allocate() would give now (with the same
+        ``loaded_tokens``), or NOT_NOW / NEVER_FITS; changes nothing (not even the
+        refusal count)."""
+        return self.torch_object.can_allocate(_tokens(tokens), salt_arg(salt), loaded_tokens)
 
-    def allocate(self, seq_id: int, tokens: IntsLike, *, salt: Salt = None) -> int:
+    def allocate(self, seq_id: int, tokens: IntsLike, *, salt: Salt = None, loaded_tokens: int = 0) -> int:
         """Admit a request given its known tokens (the prompt, or prompt + generated
         tokens when a preempted request resumes).
 
@@ -123,8 +124,19 @@ class KvManager:
         adapters): it hits, and later publishes, only blocks of requests with
         the same salt. None (or 0) is no salt; an int in [0, 2^64) or bytes
         (:func:`ukv_torch.cache_salt`). A resumed request passes its salt
-        again. A bad salt is a TypeError / ValueError naming it."""
-        return self.torch_object.allocate(_seq_id(seq_id), _tokens(tokens), salt_arg(salt))
+        again. A bad salt is a TypeError / ValueError naming it.
+
+        ``loaded_tokens`` (a multiple of block_size below ``len(tokens)``):
+        the KV of positions ``[0, loaded_tokens)`` beyond the HBM hit was found
+        in a KV tier (:class:`ukv_torch.tiers.TierCache` finds it and fills
+        the rows). The answer is then the larger of the HBM hit and the loaded
+        prefix, which the caller writes (its blocks' compress rows and the SWA
+        rows of the ``window - 1`` positions before it) before the request's
+        first chunk runs; they are published to the prefix cache by its first
+        commit_prefill. In the row space it may be less than asked (the
+        step's copy list had no room to bind all their rows): only the rows up
+        to the answer are the caller's to fill, the rest is prompt."""
+        return self.torch_object.allocate(_seq_id(seq_id), _tokens(tokens), salt_arg(salt), loaded_tokens)
 
     # --- prefill ---
     def ensure_for_tokens(self, seq_ids: IntsLike, counts: IntsLike) -> None:
@@ -240,6 +252,22 @@ class KvManager:
         whose KV the next step computes."""
         return self.torch_object.num_tokens(_seq_id(seq_id))
 
+    def locate_blocks(self, hashes: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Where published compress blocks hold their KV now: ``hashes`` int64 [n]
+        (their block hashes' bits), ``tokens`` their block_size tokens each,
+        concatenated. int32 [n, 1 + tables]: the logical id, then the staged
+        physical id per table (:meth:`phys_table`'s values); -1 for a block the
+        prefix cache no longer holds. A RuntimeError while the row space has
+        row copies not yet taken (:meth:`row_copies`): the rows it would name
+        are not filled yet. The KV tiers read a block's rows to save it."""
+        return self.torch_object.locate_blocks(hashes, tokens)
+
+    def locate_pages(self, hashes: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """:meth:`locate_blocks` for published SWA pages (``swa_page`` tokens each):
+        int32 [n], the staged SWA unit of each (the 'swa' table's values), -1 if
+        none."""
+        return self.torch_object.locate_pages(hashes, tokens)
+
     def logical_table(self, seq_id: int) -> torch.Tensor:
         """The sequence's logical block ids (int32, one per block)."""
         return self.torch_object.logical_table(_seq_id(seq_id))
@@ -255,6 +283,11 @@ class KvManager:
         ``type_index`` in compress_ratios (``config.type_of_ratio(r)``): logical ids
         in the static split, envelope ids in the row space (type 0)."""
         return self.torch_object.phys_table(_seq_id(seq_id), type_index)
+
+    def staged_swa_table(self, seq_id: int) -> torch.Tensor:
+        """The sequence's SWA table as staged (int32, one entry per page, -1 for a page
+        it does not hold): SWA blocks in the slot layouts, units in the row space."""
+        return self.torch_object.staged_swa_table(seq_id)
 
     def stats(self) -> Dict[str, int]:
         """Counters since construction and gauges of the current state; docs/serving-loop.md

@@ -18,7 +18,9 @@ namespace {
 // can bind, each of which may move the other kind's boundary units until it
 // has its rows. The prefill chunks' share (their blocks and pages) and the
 // decode share (each sequence's next block and decode pages) are kept apart,
-// so chunks cannot use up what append() needs.
+// so chunks cannot use up what append() needs. A third share, as large as the
+// prefill one, is for the blocks a KV tier loads at admission
+// (kv_manager_tiers.cpp): loads cannot use up what the chunks need.
 int64_t KvManager::prefill_copy_share(const ServeConfig& c, const PoolSizes& p) {
   // Each sequence's chunk may straddle one more block and page than its tokens fill.
   return (ceil_div(c.max_num_batched_tokens, c.block_size) + ceil_div(c.max_num_batched_tokens, c.swa_page()) +
@@ -63,7 +65,7 @@ KvManager::KvManager(const ServeConfig& config, const PoolSizes& pools)
       sparse ? static_cast<int64_t>(static_cast<double>(pools_.num_swa_blocks) * serve_.checkpoint_frac) : 0;
   if (serve_.row_space()) {
     rows_ = std::make_unique<RowSpace>(pools_.total_rows, pools_.envelope_rows, pools_.swa_unit_rows,
-                                       prefill_copy_share(serve_, pools_) + decode_copy_share(serve_, pools_));
+                                       2 * prefill_copy_share(serve_, pools_) + decode_copy_share(serve_, pools_));
     for (int64_t b = 0; b < pools_.num_logical_blocks; ++b) unbound_free_.push_back(b);
   } else if (serve_.unified()) {
     std::vector<CompressTypeSpec> types;

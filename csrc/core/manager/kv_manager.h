@@ -151,6 +151,30 @@ class KvManager {
   // transfer fills the rest (its full blocks are published once their KV is
   // in place, by the same rule as prefill).
   int64_t import_sequence(int64_t seq_id, const int32_t* tokens, int64_t n, int64_t num_computed, uint64_t salt = 0);
+
+  // --- KV tiers beyond HBM (kv_manager_tiers.cpp) ---
+  // allocate(), with tokens [0, loaded) found in a tier beyond the HBM hit
+  // (loaded a multiple of block_size below n; 0 or at most the HBM hit:
+  // plain allocate). Same answers and refusals as allocate(), nothing changed
+  // on a refusal; on success the return value is max(HBM hit, loaded), and the
+  // sequence holds, for positions [HBM hit, loaded), their blocks and the SWA
+  // pages of the window - 1 positions before `loaded`: the caller writes those
+  // rows (their compress rows and those SWA rows) before the first chunk runs.
+  // They are published by the first commit_prefill, not before. In the row
+  // space, fewer tokens are loaded where the step's copy list (its share for
+  // loads) has no room to bind all their units (the rest stays prompt): fill
+  // up to the return value.
+  int64_t allocate_loaded(int64_t seq_id, const int32_t* tokens, int64_t n, int64_t loaded, uint64_t salt = 0);
+  // What allocate_loaded would answer now (a refusal, or how far the sequence's
+  // computed prefix would reach); changes nothing.
+  int64_t can_allocate_loaded(const int32_t* tokens, int64_t n, int64_t loaded, uint64_t salt = 0) const;
+  // Where the blocks (and SWA pages) with these hashes and tokens (block_size,
+  // resp. swa_page, tokens each, concatenated) hold their KV now, live or
+  // cached: per block its logical id then its phys_table entry per table
+  // (1 + num_phys_tables ints), per page its staged SWA unit; -1 where the
+  // manager holds none. StateError while row copies are pending.
+  void locate_blocks(const uint64_t* hashes, const int32_t* tokens, int64_t n, int32_t* out) const;
+  void locate_pages(const uint64_t* hashes, const int32_t* tokens, int64_t n, int32_t* out) const;
   uint64_t salt(int64_t seq_id) const { return seq(seq_id).salt; }
   // Which admission made the sequence live, and the cached prefix it returned
   // (what scatter_sequence must leave alone after import_sequence).
@@ -309,6 +333,9 @@ class KvManager {
 
   void require_distinct_known(const int64_t* seq_ids, int64_t n, const char* what) const;
   void require_new_id(int64_t seq_id) const;
+  void require_no_pending_copies(const char* what) const;
+  int64_t loadable(const int32_t* tokens, int64_t n, int64_t loaded, uint64_t salt) const;
+  void check_loaded(int64_t n, int64_t loaded) const;
   int64_t missing_swa_pages(const Sequence& s, int64_t num_new_tokens) const;
   // Pages [first, last] of the sequence's positions written this chunk.
   std::pair<int64_t, int64_t> chunk_pages(const Sequence& s, int64_t num_new_tokens) const;

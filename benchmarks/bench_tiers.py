@@ -1,0 +1,174 @@
+"""KV tier throughput: saving and loading a prefix's tier objects through
+pinned host memory, against a pinned copy of the same bytes in the same run;
+the host time per block; and a decode step's time with saves in flight.
+
+    python benchmarks/bench_tiers.py [--device cuda|cpu] [--prefixes 32768,131072] [--json]
+
+The model is DeepSeek-V4-Pro (62 layers, fp8 latent rows, bf16 RoPE, the CSA
+indexer), the layout the row space with 32-token pages. A prefix is prefilled
+in 8,192-token chunks (no model runs: the KV is whatever the rows hold) with
+a TierCache over a HostTier saving every published block; "save" is each
+chunk's save() until its objects are in the tier (flush), "load" a fresh
+manager's admission of the same prompt until its rows are written (admit:
+fetch, verify, copy to the GPU; fill). Bytes are the objects' (headers
+included). The reference copies the same number of bytes between one pinned
+host buffer and the GPU. The decode step is a stand-in of fixed GPU work
+(bf16 matmuls), timed with CUDA events over --steps steps, alone and while
+the saves of a whole prefix are in flight on the side stream.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from ukv_torch import KvManager, ServeConfig, allocate_unified_kv, apply_row_copies, plan_kv_layout
+from ukv_torch.plan.planning import MODEL_PRESETS
+from ukv_torch.tiers import HostTier, ObjectLayout, TierCache
+
+BS, CHUNK = 128, 8192
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def setup(prefix: int, device):
+    config = ServeConfig(layout="row_space", window=128, block_size=BS, compress_ratios=(4, 128), max_num_seqs=4,
+                         max_num_batched_tokens=CHUNK, max_blocks_per_seq=prefix // BS + 2, swa_sizing="step",
+                         swa_page_tokens=32)
+    ratios = MODEL_PRESETS["v4-pro"]
+    sizes = ObjectLayout(plan_kv_layout(1 << 30, ratios, config))
+    budget = int((prefix // BS + 64) * sizes.object_bytes(0) * 1.25) + (256 << 20)
+    plan = plan_kv_layout(budget, ratios, config)
+    kv = allocate_unified_kv(plan, dtype=torch.uint8, device=device)
+    return plan, kv
+
+
+def prefill(mgr, kv, tiers, seq_id, tokens, timings):
+    cached = tiers.admit(mgr, seq_id, tokens)
+    events = []
+    while cached < len(tokens):
+        chunk = min(CHUNK, len(tokens) - cached)
+        mgr.ensure_for_tokens([seq_id], [chunk])
+        mgr.stage([seq_id])
+        if kv.planes:
+            apply_row_copies(list(kv.planes), mgr.row_copies, mgr.row_copy_counts)
+        tiers.fill(mgr)
+        mgr.commit_prefill([seq_id], [chunk], [1] if cached + chunk == len(tokens) else [-1])
+        step_events = mgr.take_events()
+        events += step_events
+        t0, c0 = time.perf_counter(), time.process_time()
+        tiers.save(mgr, step_events)
+        tiers.flush()
+        timings["save_s"] += time.perf_counter() - t0
+        timings["save_cpu_s"] += time.process_time() - c0
+        cached += chunk
+    return events
+
+
+def pinned_copy_gbps(nbytes: int, device, to_device: bool) -> float:
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    src, dst = (host, dev) if to_device else (dev, host)
+    dst.copy_(src, non_blocking=True)  # warm-up
+    sync(device)
+    t0 = time.perf_counter()
+    dst.copy_(src, non_blocking=True)
+    sync(device)
+    return nbytes / (time.perf_counter() - t0) / 1e9
+
+
+def decode_steps_ms(device, steps: int) -> float:
+    """Mean time of a stand-in decode step (fixed matmul work), CUDA events."""
+    n = 4096 if device.type == "cuda" else 512
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            a @ a
+        return (time.perf_counter() - t0) / steps * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        for _ in range(4):
+            a @ a
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps
+
+
+def run_prefix(prefix: int, device, steps: int) -> dict:
+    plan, kv = setup(prefix, device)
+    tokens = torch.randint(0, 100000, (prefix + 1,), generator=torch.Generator().manual_seed(prefix)).tolist()
+    sizes = ObjectLayout(plan)
+    tier_bytes = 3 * (prefix // BS + 2) * (sizes.object_bytes(0) + sizes.object_bytes(1))
+    saver = TierCache(plan, kv, [HostTier(tier_bytes)])
+    timings = dict(save_s=0.0, save_cpu_s=0.0)
+    mgr = KvManager(plan, device=device if device.type == "cuda" else None)
+    events = prefill(mgr, kv, saver, 0, tokens, timings)
+    saved = saver.stats()
+    # Load: a fresh manager over the same tier (and the same tensors: the rows are written again).
+    loader = TierCache(plan, kv, saver.backends)
+    mgr_b = KvManager(plan, device=device if device.type == "cuda" else None)
+    sync(device)
+    t0, c0 = time.perf_counter(), time.process_time()
+    cached = loader.admit(mgr_b, 1, tokens)
+    mgr_b.ensure_for_tokens([1], [len(tokens) - cached])
+    mgr_b.stage([1])
+    if kv.planes:
+        apply_row_copies(list(kv.planes), mgr_b.row_copies, mgr_b.row_copy_counts)
+    loader.fill(mgr_b)
+    sync(device)
+    load_s, load_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    loaded = loader.stats()
+    mgr_b.deallocate([1])
+    # Decode steps alone, then with the whole prefix's saves in flight (into an empty tier).
+    alone = decode_steps_ms(device, steps)
+    busy_tier = TierCache(plan, kv, [HostTier(tier_bytes)], staging_bytes=int(saved["saved_bytes"] * 1.2) + (64 << 20))
+    mgr.stage([0])
+    busy_tier.save(mgr, events)
+    in_flight = decode_steps_ms(device, steps)
+    busy_tier.flush()
+    save_bytes, load_bytes = saved["saved_bytes"], loaded["loaded_bytes"]
+    blocks = prefix // BS
+    return {
+        "prefix_tokens": prefix, "objects_saved": saved["saved_objects"], "saved_bytes": save_bytes,
+        "save_gbps": round(save_bytes / timings["save_s"] / 1e9, 3),
+        "pinned_d2h_gbps": round(pinned_copy_gbps(save_bytes, device, False), 3),
+        "loaded_tokens": cached, "loaded_bytes": load_bytes, "load_gbps": round(load_bytes / load_s / 1e9, 3),
+        "pinned_h2d_gbps": round(pinned_copy_gbps(load_bytes, device, True), 3),
+        "host_us_per_block_saved": round(timings["save_cpu_s"] / blocks * 1e6, 1),
+        "host_us_per_block_loaded": round(load_cpu_s / max(1, cached // BS) * 1e6, 1),
+        "decode_step_ms": round(alone, 4), "decode_step_ms_saves_in_flight": round(in_flight, 4),
+        "decode_slowdown": round(in_flight / alone - 1, 4),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--prefixes", default="32768,131072", help="prefix lengths in tokens, comma-separated")
+    ap.add_argument("--steps", type=int, default=50, help="decode steps timed per case")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    rows = [run_prefix(int(p), device, args.steps) for p in args.prefixes.split(",")]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    if args.json:
+        print(json.dumps({"device": name, "rows": rows}))
+        return
+    print(f"device: {name}")
+    for r in rows:
+        print(f"{r['prefix_tokens']:>7} tokens: save {r['save_gbps']} GB/s (pinned D2H {r['pinned_d2h_gbps']}), "
+              f"load {r['load_gbps']} GB/s (pinned H2D {r['pinned_h2d_gbps']}), host {r['host_us_per_block_saved']} "
+              f"/ {r['host_us_per_block_loaded']} us per block saved / loaded, decode step {r['decode_step_ms']} ms "
+              f"alone, {r['decode_step_ms_saves_in_flight']} ms with saves in flight "
+              f"({r['decode_slowdown'] * 100:+.1f}%)")
+
+
+if __name__ == "__main__":
+    main()

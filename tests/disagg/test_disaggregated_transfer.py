@@ -1,0 +1,245 @@
+"""A sequence moves from a prefill pool to a decode pool over Mooncake's
+transfer engine (loopback TCP): its bytes land in the receiver's own rows
+exactly as the in-process gather_sequence reads them, across layouts and
+prefix hits; refusals, wrong rows, other models, replays and sides that die
+are answered in bounded time with nothing written and nothing leaked."""
+import select
+import time
+
+import numpy as np
+import pytest
+
+from support.disagg import BOUND_S, Served, peer
+from support.disagg_pools import MODEL, pool, prefill, prompt
+from support.mooncake_master import require_mooncake
+
+from ukv_torch import KvManager
+
+SENT, RECEIVED = 1, 9  # the sequence's id on each side
+
+
+@pytest.fixture
+def endpoints():
+    require_mooncake()
+    from ukv_torch.disagg import TransferEndpoint
+    pair = TransferEndpoint(), TransferEndpoint()
+    yield pair
+    for endpoint in pair:
+        endpoint.close()
+
+
+def sides(endpoints, sender_pool, receiver_pool, timeout_s=20.0, **sender_options):
+    from ukv_torch.disagg import KvReceiver, KvSender
+    return (KvSender(sender_pool.mgr, sender_pool.plan, sender_pool.kv, endpoints[0], timeout_s=timeout_s,
+                     **sender_options),
+            KvReceiver(receiver_pool.mgr, receiver_pool.plan, receiver_pool.kv, endpoints[1], timeout_s=timeout_s))
+
+
+def counts(p):
+    """The pool's gauges that a leaked or half-freed sequence would change."""
+    stats = p.mgr.stats()
+    return {k: v for k, v in stats.items() if k in ("num_sequences", "free_logical_blocks", "free_swa_slots",
+                                                    "held_swa_slots", "live_envelopes", "live_swa_units")}
+
+
+@pytest.mark.parametrize("a_layout, b_layout, b_page", [
+    ("static", "row_space", 32), ("row_space", "elastic", 0), ("row_space", "row_space", 64),
+    ("elastic", "upstream", 0), ("upstream", "static", 0)])
+def test_rows_land_in_the_receivers_rows_across_layouts(endpoints, a_layout, b_layout, b_page):
+    a, b = pool(a_layout, seed=1), pool(b_layout, page=b_page, seed=2)
+    prefill(a, SENT, prompt(700))
+    expected = a.sequence_bytes(SENT)
+    sender, receiver = sides(endpoints, a, b)
+    served = Served(receiver)
+    result = sender.send(SENT, receiver.address, RECEIVED)
+    event, = served.wait()
+    assert result.status == "sent" and result.answer == 0 and result.nbytes == expected.numel()
+    assert (event.seq_id, event.cached, event.num_computed) == (RECEIVED, 0, 700)
+    assert b.mgr.num_computed(RECEIVED) == 700 and not a.mgr.has_sequence(SENT)
+    assert np.array_equal(b.sequence_bytes(RECEIVED).numpy(), expected.numpy())
+    receiver.close()
+    sender.close()
+
+
+def test_a_prefix_the_receiver_holds_does_not_travel(endpoints):
+    a, b = pool("elastic", seed=1), pool("row_space", seed=2)
+    tokens = prompt(700)
+    prefill(b, 3, tokens[:600])  # b computed the first blocks itself and keeps them cached
+    b.mgr.deallocate(3)
+    prefill(a, SENT, tokens)
+    expected = a.sequence_bytes(SENT)
+    sender, receiver = sides(endpoints, a, b)
+    served = Served(receiver)
+    result = sender.send(SENT, receiver.address, RECEIVED)
+    event, = served.wait()
+    assert result.status == "sent" and result.answer == event.cached > 0
+    # the bytes past the cached prefix are a's, and only they travelled
+    got = b.sequence_bytes(RECEIVED)
+    beyond = receiver.regions.runs(b.mgr.describe_sequence(RECEIVED), event.cached)
+    assert result.nbytes == int(beyond[:, 2].sum()) < expected.numel()
+    for offset, _, size in beyond.tolist():
+        assert np.array_equal(got[offset: offset + size].numpy(), expected[offset: offset + size].numpy())
+    receiver.close()
+    sender.close()
+
+
+@pytest.mark.parametrize("receiver_budget, answer", [(48 << 10, KvManager.NEVER_FITS),
+                                                     (None, KvManager.NOT_NOW)])
+def test_a_refusal_moves_nothing_and_the_sender_keeps_the_sequence(endpoints, receiver_budget, answer):
+    a = pool("elastic", seed=1)
+    b = pool("row_space", seed=2, budget=receiver_budget or (2 << 20))
+    if answer == KvManager.NOT_NOW:  # b's room is held by its own sequences
+        for i in range(4):
+            prefill(b, 20 + i, prompt(900, seed=20 + i))
+    prefill(a, SENT, prompt(700))
+    before, gauges = b.snapshot(), counts(b)
+    sender, receiver = sides(endpoints, a, b)
+    served = Served(receiver)
+    result = sender.send(SENT, receiver.address, RECEIVED)
+    assert served.stop() == []
+    receiver.close()
+    assert (result.status, result.answer) == ("refused", answer)
+    assert a.mgr.has_sequence(SENT) and not b.mgr.has_sequence(RECEIVED)
+    assert b.unchanged_since(before) and counts(b) == gauges
+    sender.close()
+
+
+def test_another_model_geometry_is_refused_by_name(endpoints):
+    a, b = pool("elastic", seed=1), pool("elastic", seed=2, budget=4 << 20, model=MODEL.replace(head_dim=32))
+    prefill(a, SENT, prompt(700))
+    before, gauges = b.snapshot(), counts(b)
+    sender, receiver = sides(endpoints, a, b)
+    served = Served(receiver)
+    with pytest.raises(ValueError, match="other model geometry"):
+        sender.send(SENT, receiver.address, RECEIVED)
+    assert served.stop() == []
+    assert a.mgr.has_sequence(SENT) and b.unchanged_since(before) and counts(b) == gauges
+    receiver.close()
+    sender.close()
+
+
+def shifted_outside(runs, memory):
+    runs = runs.copy()
+    runs[-1, 1] = max(a + n for a, n in memory) + 64
+    return runs
+
+
+@pytest.mark.parametrize("tamper, match", [
+    (lambda runs, memory: shifted_outside(runs, memory), "outside the KV memory it registered"),
+    (lambda runs, memory: runs[:-1], "size mismatch"),
+    (lambda runs, memory: np.concatenate([runs[:1], runs]), "overlap or are out of order"),
+    (lambda runs, memory: runs + np.array([1 << 40, 0, 0]), "outside the sequence's"),
+])
+def test_rows_the_receiver_names_wrongly_are_refused_before_any_byte_moves(endpoints, tamper, match):
+    a, b = pool("static", seed=1), pool("row_space", seed=2)
+    prefill(a, SENT, prompt(700))
+    before, gauges = b.snapshot(), counts(b)
+    sender, receiver = sides(endpoints, a, b)
+    honest = receiver.regions.runs
+    receiver.regions.runs = lambda export, skip: tamper(honest(export, skip), endpoints[1].memory)
+    served = Served(receiver)
+    with pytest.raises(ValueError, match=match):
+        sender.send(SENT, receiver.address, RECEIVED)
+    event, = served.wait()
+    assert event.seq_id == RECEIVED and "abort" in event.reason
+    assert a.mgr.has_sequence(SENT) and b.unchanged_since(before) and counts(b) == gauges
+    receiver.close()
+    sender.close()
+
+
+def answer_to(receiver, channel, message):
+    """Send a message to the receiver and serve it; (events, the answer)."""
+    channel.send(message)
+    events = []
+    for _ in range(int(BOUND_S / 0.1)):
+        events += receiver.poll(0.1)
+        if select.select([channel.sock], [], [], 0)[0]:
+            return events, channel.receive(BOUND_S)
+    raise AssertionError("no answer")
+
+
+def test_a_replayed_completion_or_offer_starts_nothing(endpoints, monkeypatch):
+    from ukv_torch.disagg import Channel
+    a, b = pool("row_space", seed=1), pool("elastic", seed=2)
+    prefill(a, SENT, prompt(700))
+    sender, receiver = sides(endpoints, a, b)
+    sent = {}
+    original = Channel.send
+
+    def recording(channel, message):
+        sent[message["type"]] = message
+        original(channel, message)
+
+    monkeypatch.setattr(Channel, "send", recording)
+    served = Served(receiver)
+    assert sender.send(SENT, receiver.address, RECEIVED).status == "sent"
+    assert len(served.wait()) == 1
+    monkeypatch.setattr(Channel, "send", original)
+    gauges, kv = counts(b), b.snapshot()
+    replay = Channel.connect(receiver.address, BOUND_S)
+    for message, expected in ((sent["done"], "duplicate"), (sent["done"], "duplicate"),
+                              (dict(sent["done"], xfer="never-offered"), "unknown")):
+        events, answer = answer_to(receiver, replay, message)
+        assert not events and answer == dict(type="ack", xfer=message["xfer"], status=expected)
+    events, answer = answer_to(receiver, replay, sent["offer"])
+    assert not events and answer["type"] == "error" and "replayed offer" in answer["reason"]
+    assert counts(b) == gauges and b.unchanged_since(kv) and b.mgr.num_computed(RECEIVED) == 700
+    replay.close()
+    receiver.close()
+    sender.close()
+
+
+def test_a_silent_sender_times_out_and_its_rows_are_freed(endpoints):
+    from ukv_torch.disagg import Channel, KvReceiver
+    b = pool("row_space", seed=2)
+    a = pool("elastic", seed=1)
+    prefill(a, SENT, prompt(700))
+    gauges = counts(b)
+    receiver = KvReceiver(b.mgr, b.plan, b.kv, endpoints[1], timeout_s=1.0)
+    sender, _ = sides(endpoints, a, pool("elastic"))
+    export = a.mgr.describe_sequence(SENT)
+    offer = dict(type="offer", xfer="silent", seq_id=RECEIVED, tokens=export.tokens.numpy().astype(np.int32).tobytes(),
+                 num_computed=export.num_computed, salt=0, config=export.config.encode(),
+                 geometry=sender.regions.geometry(), nbytes=int(sender.regions.runs(export, 0)[:, 2].sum()))
+    silent = Channel.connect(receiver.address, BOUND_S)
+    silent.send(offer)
+    started = time.monotonic()
+    served = Served(receiver)
+    event, = served.wait()
+    assert event.seq_id == RECEIVED and "went away" in event.reason
+    assert time.monotonic() - started < BOUND_S
+    assert counts(b) == gauges and not b.mgr.has_sequence(RECEIVED)
+    silent.close()
+    receiver.close()
+    sender.close()
+
+
+def test_a_sender_that_dies_mid_transfer_leaves_nothing_behind(endpoints):
+    from ukv_torch.disagg import KvReceiver
+    b = pool("elastic", seed=2)
+    gauges = counts(b)
+    receiver = KvReceiver(b.mgr, b.plan, b.kv, endpoints[1], timeout_s=BOUND_S)
+    served = Served(receiver)
+    dying = peer("sender-dies", *receiver.address)
+    event, = served.wait()
+    assert dying.wait(BOUND_S) == 3
+    assert event.seq_id == 5 and "went away" in event.reason
+    assert counts(b) == gauges and not b.mgr.has_sequence(5)
+    receiver.close()
+
+
+@pytest.mark.parametrize("free_on_failure", [False, True])
+def test_a_receiver_that_dies_fails_the_send_in_bounded_time(endpoints, free_on_failure):
+    a = pool("row_space", seed=1)
+    prefill(a, SENT, prompt(700))
+    dying = peer("receiver-dies")
+    ready = dying.stdout.readline().split()
+    assert ready[0] == "READY", ready
+    sender, _ = sides(endpoints, a, pool("elastic"), free_on_failure=free_on_failure)
+    started = time.monotonic()
+    result = sender.send(SENT, (ready[1], int(ready[2])), RECEIVED)
+    assert time.monotonic() - started < BOUND_S
+    assert result.status == "failed" and result.reason
+    assert a.mgr.has_sequence(SENT) != free_on_failure
+    assert dying.wait(BOUND_S) == 3
+    sender.close()

@@ -1,0 +1,177 @@
+"""TierCache over a HostTier: what the objects hold (against the rows read
+directly), restoring across layouts and page sizes, fail-closed faults
+(flipped bytes, truncated, another model's fingerprint, another salt), loads
+dropped for sequences that ended, and saves refused while row copies are
+pending."""
+import pytest
+import torch
+
+from ukv_torch.tiers import TierCache
+from ukv_torch.tiers.keys import chain_keys, key_name, root_key, tail_key
+
+from support.tier_engine import BS, WINDOW, TierEngine, host, prompt
+
+LAYOUTS = ["static", "elastic", "row_space"]
+N = 5 * BS + 1  # a prompt whose last window after prefill still holds the tail at block 5
+
+
+def saved_engine(layout, tier, seed=1):
+    a = TierEngine(layout, [tier])
+    p = prompt(seed, N)
+    assert a.prefill(0, p) == 0
+    return a, p
+
+
+@pytest.mark.parametrize("saver", LAYOUTS)
+@pytest.mark.parametrize("loader, page", [("static", 0), ("elastic", 0), ("row_space", 32), ("row_space", 64)])
+def test_any_layout_restores_the_rows_another_saved(saver, loader, page):
+    restores_across_layouts(saver, loader, page, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("saver, loader", [("static", "row_space"), ("row_space", "elastic")])
+def test_any_layout_restores_the_rows_another_saved_on_the_gpu(saver, loader):
+    """The GPU path: rows gathered and scattered on the current stream, host copies on the side stream."""
+    restores_across_layouts(saver, loader, 32, "cuda")
+
+
+def restores_across_layouts(saver, loader, page, device):
+    tier = host()
+    a = TierEngine(saver, [tier], device=device)
+    p = prompt(1, N)
+    assert a.prefill(0, p) == 0
+    b = TierEngine(loader, [tier], page=page or 32, seed=9, device=device)  # other bytes everywhere
+    cached = b.tiers.admit(b.mgr, 3, p)
+    assert cached == 5 * BS and b.mgr.num_computed(3) == 5 * BS
+    b.mgr.ensure_for_tokens([3], [N - cached])
+    b.step_rows([3])
+    b.tiers.fill(b.mgr)
+    for block in range(5):
+        assert b.block_bytes(3, block) == a.block_bytes(0, block), block
+    for position in range(5 * BS - (WINDOW - 1), 5 * BS):
+        assert b.position_bytes(3, position) == a.position_bytes(0, position), position
+    assert b.tiers.stats()["loaded_blocks"] == 5
+    b.tiers.flush()
+    assert b.tiers.staging.free_bytes() == b.tiers.staging.size  # every staging range went back
+
+
+def object_names(engine, p, salt=None):
+    keys = chain_keys(root_key(engine.tiers.layout.fingerprint, salt), p, BS, 5)
+    return [key_name(k) for k in keys], [key_name(tail_key(k)) for k in keys]
+
+
+def damage(tier, name, how):
+    obj = tier._objects[name]
+    if how == "flip":
+        obj[obj.numel() // 2] ^= 0x10
+    elif how == "truncate":
+        tier._objects[name] = obj[:-1].clone()
+    elif how == "header":
+        obj[5] ^= 1  # the kind byte
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "header"])
+@pytest.mark.parametrize("which", ["block", "tail"])
+def test_a_damaged_object_is_a_miss_and_the_rest_is_recomputed(how, which):
+    tier = host()
+    a, p = saved_engine("row_space", tier)
+    blocks, tails = object_names(a, p)
+    damage(tier, blocks[2] if which == "block" else tails[4], how)
+    b = TierEngine("static", [tier], seed=9)
+    cached = b.prefill(3, p)
+    # A bad block 2 ends the load at the last tail at or below it; a bad tail at 5 at the one before.
+    assert cached == (2 * BS if which == "block" else 4 * BS)
+    assert b.tiers.stats()["rejected_objects"] >= 1
+    for block in range(cached // BS):
+        assert b.block_bytes(3, block) == a.block_bytes(0, block)
+
+
+def test_objects_of_another_model_or_salt_are_never_read():
+    tier = host()
+    a, p = saved_engine("row_space", tier)
+    blocks, tails = object_names(a, p)
+    # Another salt: other keys, nothing found.
+    b = TierEngine("static", [tier], seed=9)
+    assert b.tiers.admit(b.mgr, 3, p, salt=b"tenant") == 0
+    # Another model (the RoPE plane read as another dtype) under keys of its own fingerprint ...
+    other = TierCache(a.plan, a.kv._replace(rope=[None if r is None else r.view(torch.float16) for r in a.kv.rope]),
+                      [tier])
+    assert other.layout.fingerprint != a.tiers.layout.fingerprint
+    c = TierEngine("static", [tier], seed=9)
+    c.tiers = TierCache(c.plan, c.kv._replace(rope=[None if r is None else r.view(torch.float16) for r in c.kv.rope]),
+                        [tier])
+    assert c.tiers.admit(c.mgr, 3, p) == 0
+    # ... and this model's objects planted under that model's keys: refused by their header.
+    theirs, their_tails = object_names(c, p)
+    for mine, name in zip(blocks + tails, theirs + their_tails):
+        tier._objects[name] = tier._objects[mine]
+    assert c.tiers.admit(c.mgr, 4, p) == 0
+    assert c.tiers.stats()["rejected_objects"] > 0
+
+
+def test_a_sequence_that_ends_before_its_load_is_written_gets_nothing():
+    tier = host()
+    a, p = saved_engine("row_space", tier)
+    b = TierEngine("row_space", [tier], seed=9)
+    assert b.tiers.admit(b.mgr, 3, p) == 5 * BS
+    b.mgr.deallocate([3])  # preempted before its first step (the engine did not even cancel the load)
+    other = prompt(2, 6 * BS + 1)
+    assert b.tiers.admit(b.mgr, 4, other) == 0
+    b.mgr.ensure_for_tokens([4], [len(other)])
+    b.step_rows([4])
+    before = [b.block_bytes(4, block) for block in range(6)]
+    b.tiers.fill(b.mgr)
+    assert [b.block_bytes(4, block) for block in range(6)] == before
+    assert b.tiers.stats()["cancelled_loads"] == 1
+
+
+def test_cancel_loads_drops_a_load_and_frees_its_staging():
+    tier = host()
+    a, p = saved_engine("static", tier)
+    b = TierEngine("static", [tier], seed=9)
+    free = b.tiers.staging.free_bytes()
+    assert b.tiers.admit(b.mgr, 3, p) == 5 * BS
+    assert b.tiers.staging.free_bytes() < free
+    b.tiers.cancel_loads([3])
+    b.mgr.deallocate([3])
+    assert b.tiers.staging.free_bytes() == free
+
+
+def test_a_refused_admission_loads_nothing_and_changes_nothing():
+    tier = host()
+    a, p = saved_engine("static", tier)
+    b = TierEngine("static", [tier], seed=9)
+    for seq in range(8):  # max_num_seqs live
+        assert b.mgr.allocate(100 + seq, [1]) == 0
+    free = b.tiers.staging.free_bytes()
+    assert b.tiers.admit(b.mgr, 3, p) == b.mgr.NOT_NOW
+    assert not b.mgr.has_sequence(3) and b.tiers.staging.free_bytes() == free
+
+
+def test_saving_while_row_copies_are_pending_is_refused():
+    """The guard: a published block is read where the manager has it after the step's
+    row copies; before they are taken (stage), the rows it names may not hold it yet."""
+    e = TierEngine("row_space", [host()], budget_kib=24)
+    rng = torch.Generator().manual_seed(3)
+    events, live = [], []
+    for seq in range(200):
+        p = torch.randint(0, 30000, (int(torch.randint(129, 700, (1,), generator=rng)),), generator=rng).tolist()
+        moved = e.mgr.stats()["moved_rows"]
+        cached = e.tiers.admit(e.mgr, seq, p)
+        if cached < 0:
+            e.mgr.deallocate(live[:2])
+            live = live[2:]
+            continue
+        e.mgr.ensure_for_tokens([seq], [len(p) - cached])
+        # The last step's events, saved late: after this step's allocations.
+        if events and e.mgr.stats()["moved_rows"] > moved:  # units moved since the last stage: copies pending
+            with pytest.raises(RuntimeError, match="row copies"):
+                e.tiers.save(e.mgr, events)
+            return
+        e.tiers.save(e.mgr, events)  # nothing moved: the rows are where the manager says
+        e.step_rows([seq])
+        e.tiers.fill(e.mgr)
+        e.mgr.commit_prefill([seq], [len(p) - cached], [1])
+        events = e.mgr.take_events()
+        live.append(seq)
+    pytest.fail("no step had row copies pending: the scenario does not exercise the guard")

@@ -1,0 +1,82 @@
+"""The control channel of a transfer: small messages on one TCP connection,
+each a msgpack map behind its 4-byte length.
+
+Only descriptions travel here (the export's tokens and counts, the
+receiver's runs, "done"); the KV bytes go through the transfer engine. Every
+read has a deadline, so a peer that died or hangs is an answer in bounded
+time, never a wait forever.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from typing import Optional, Tuple
+
+import msgpack
+
+#: the largest message accepted: a 128K-token sequence's runs are far below it
+MAX_MESSAGE_BYTES = 256 << 20
+_LENGTH = struct.Struct("!I")
+
+
+class ChannelClosed(ConnectionError):
+    """The peer closed the connection, or it broke."""
+
+
+class Channel:
+    """One connection (see the module docstring)."""
+
+    def __init__(self, sock: socket.socket):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+
+    @classmethod
+    def connect(cls, address: Tuple[str, int], timeout_s: float) -> "Channel":
+        try:
+            return cls(socket.create_connection(tuple(address), timeout=timeout_s))
+        except OSError as e:
+            raise ChannelClosed(f"cannot reach {address[0]}:{address[1]}: {e}") from None
+
+    def send(self, message: dict) -> None:
+        body = msgpack.packb(message, use_bin_type=True)
+        try:
+            self.sock.settimeout(None)
+            self.sock.sendall(_LENGTH.pack(len(body)) + body)
+        except OSError as e:
+            raise ChannelClosed(f"send failed: {e}") from None
+
+    def receive(self, timeout_s: Optional[float]) -> dict:
+        """The next message; TimeoutError if none completes within timeout_s
+        (None: wait), ChannelClosed if the peer is gone. After a TimeoutError
+        the stream may be cut mid-message: close the channel."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        length, = _LENGTH.unpack(self._read(_LENGTH.size, deadline))
+        if length > MAX_MESSAGE_BYTES:
+            raise ChannelClosed(f"a {length}-byte message is over the {MAX_MESSAGE_BYTES}-byte limit")
+        return msgpack.unpackb(self._read(length, deadline), raw=False)
+
+    def _read(self, count: int, deadline: Optional[float]) -> bytes:
+        parts, left = [], count
+        while left:
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError("no message from the peer in time")
+                self.sock.settimeout(remaining)
+            else:
+                self.sock.settimeout(None)
+            try:
+                part = self.sock.recv(min(left, 1 << 20))
+            except socket.timeout:
+                raise TimeoutError("no message from the peer in time") from None
+            except OSError as e:
+                raise ChannelClosed(f"receive failed: {e}") from None
+            if not part:
+                raise ChannelClosed("the peer closed the connection")
+            parts.append(part)
+            left -= len(part)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self.sock.close()

@@ -1,0 +1,197 @@
+"""The decode side of a disaggregated transfer (docs/serving-loop.md,
+"Prefill and decode on different engines").
+
+The receiver listens for senders. For each offer it checks the model,
+admits the sequence with `import_sequence` (a refusal is answered before any
+byte moves), sends back where the sequence's rows are as runs, and waits
+for the sender's "done": only then does the sequence start (an `Arrival`).
+A sender that dies or stays silent past the timeout, or that aborts, costs
+the sequence its rows (an `Abort`), and the pool is as before the offer.
+
+The wait happens inside `poll`, between the engine's steps: a step may move
+or reuse rows (row-space relocations, evictions), so none runs while bytes
+land.
+"""
+from __future__ import annotations
+
+import collections
+import select
+import socket
+import time
+from typing import List, NamedTuple, Tuple, Union
+
+import numpy as np
+import torch
+
+from .. import ops
+from ..manager.kv_manager import KvManager
+from ..plan.records import KvPlan, ServeConfig
+from ..plan.unified_kv import UnifiedKv
+from ..transfer import SequenceExport, transfer_bytes
+from .channel import Channel, ChannelClosed
+from .endpoint import TransferEndpoint
+from .kv_regions import KvRegions
+
+#: how many finished transfer ids are remembered, to answer a replayed "done"
+REMEMBERED_TRANSFERS = 4096
+
+
+class Arrival(NamedTuple):
+    """A sequence whose rows landed: it decodes from here on."""
+    seq_id: int
+    cached: int          # positions that were already in this pool (not transferred)
+    num_computed: int
+    tokens: List[int]
+
+
+class Abort(NamedTuple):
+    """A sequence admitted for a transfer that did not complete; its rows are freed."""
+    seq_id: int
+    reason: str
+
+
+class KvReceiver:
+    """Receives sequences into ``mgr`` and its KV tensors ``kv`` of ``plan``
+    (see the module docstring). ``timeout_s`` bounds each wait on a sender."""
+
+    def __init__(self, mgr: KvManager, plan: KvPlan, kv: UnifiedKv, endpoint: TransferEndpoint, *,
+                 host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0):
+        if not timeout_s > 0:
+            raise ValueError(f"KvReceiver: timeout_s must be > 0, got {timeout_s!r}")
+        self.mgr, self.plan, self.kv, self.endpoint = mgr, plan, kv, endpoint
+        self.timeout_s = timeout_s
+        self.regions = KvRegions(plan, kv)
+        endpoint.register(self.regions.memory())
+        self._listener = socket.create_server((host, port))
+        self.address: Tuple[str, int] = self._listener.getsockname()[:2]
+        self._senders: List[Channel] = []
+        self._finished = collections.OrderedDict()  # ids of the transfers that started or aborted
+        self.host_seconds = 0.0  # time spent admitting and describing rows, for the benchmarks
+
+    def poll(self, timeout_s: float = 0.0) -> List[Union[Arrival, Abort]]:
+        """Accept senders and serve the messages waiting (at most ``timeout_s``
+        for the first one); returns the sequences that arrived or aborted."""
+        readable, _, _ = select.select([self._listener] + [c.sock for c in self._senders], [], [], timeout_s)
+        events = []
+        for sock in readable:
+            if sock is self._listener:
+                self._senders.append(Channel(self._listener.accept()[0]))
+                continue
+            channel = next(c for c in self._senders if c.sock is sock)
+            try:
+                message = channel.receive(self.timeout_s)
+            except (ChannelClosed, TimeoutError):
+                self._drop(channel)
+                continue
+            try:
+                event = self._serve(channel, message)
+            except ChannelClosed:  # the sender went away while answered; _offer freed what it admitted
+                self._drop(channel)
+                continue
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _serve(self, channel: Channel, message: dict):
+        kind = message.get("type")
+        if kind == "offer":
+            return self._offer(channel, message)
+        if kind == "done":  # not awaited: a replay, or for a transfer that ended; nothing starts
+            channel.send(dict(type="ack", xfer=message.get("xfer"),
+                              status="duplicate" if message.get("xfer") in self._finished else "unknown"))
+            return None
+        channel.send(dict(type="error", xfer=message.get("xfer"), reason=f"unexpected message {kind!r}"))
+        return None
+
+    def _offer(self, channel: Channel, offer: dict):
+        started = time.perf_counter()
+        xfer, seq_id = offer["xfer"], offer["seq_id"]
+        try:
+            if xfer in self._finished:
+                raise ValueError(f"transfer {xfer} already ended here: a replayed offer starts nothing")
+            export = self._export(offer)
+        except ValueError as e:
+            channel.send(dict(type="error", xfer=xfer, reason=str(e)))
+            return None
+        cached = self.mgr.import_sequence(seq_id, export)
+        if cached < 0:  # NOT_NOW / NEVER_FITS: nothing changed here, the sender keeps the sequence
+            channel.send(dict(type="refused", xfer=xfer, answer=cached))
+            return None
+        runs = self.regions.runs(self._rows_now(seq_id), cached)
+        try:
+            channel.send(dict(type="accept", xfer=xfer, cached=cached, runs=runs.tobytes(),
+                              engine=self.endpoint.name, memory=[list(span) for span in self.endpoint.memory]))
+        except ChannelClosed as e:
+            self.mgr.deallocate(seq_id)
+            self._remember(xfer)
+            self._drop(channel)
+            return Abort(seq_id, f"the sender went away: {e}")
+        self.host_seconds += time.perf_counter() - started
+        return self._await_done(channel, xfer, seq_id, cached, export)
+
+    def _export(self, offer: dict) -> SequenceExport:
+        """The offer as an export this pool can import; ValueError if the
+        sender serves another model or its buffer would differ."""
+        if list(offer["geometry"]) != self.regions.geometry():
+            raise ValueError(f"other model geometry: the sender has {offer['geometry']}, "
+                             f"this receiver {self.regions.geometry()}")
+        config = ServeConfig.decode(offer["config"])
+        num_computed = int(offer["num_computed"])
+        tokens = torch.from_numpy(np.frombuffer(offer["tokens"], dtype=np.int32).copy())
+        if not 0 < num_computed < len(tokens) + 1 or self.mgr.has_sequence(offer["seq_id"]):
+            raise ValueError(f"sequence {offer['seq_id']}: {num_computed} computed of {len(tokens)} tokens, "
+                             f"live here: {self.mgr.has_sequence(offer['seq_id'])}")
+        empty = torch.zeros(0, dtype=torch.int32)
+        export = SequenceExport(tokens, num_computed, max(0, num_computed - config.window + 1),
+                                torch.zeros(0, dtype=torch.int64), empty, empty, empty.view(0, 0), config,
+                                int(offer["salt"]))
+        nbytes = transfer_bytes(self.plan, self.kv, export)
+        if nbytes != offer["nbytes"]:
+            raise ValueError(f"size mismatch: the sender's buffer has {offer['nbytes']} bytes, "
+                             f"this receiver's {nbytes}")
+        return export
+
+    def _rows_now(self, seq_id: int) -> SequenceExport:
+        """The sequence's rows after the units its admission moved are applied."""
+        self.mgr.stage([seq_id])
+        self.mgr.upload(1)
+        if self.kv.planes:
+            ops.apply_row_copies(list(self.kv.planes), self.mgr.row_copies, self.mgr.row_copy_counts)
+        return self.mgr.describe_sequence(seq_id)
+
+    def _await_done(self, channel: Channel, xfer: str, seq_id: int, cached: int, export: SequenceExport):
+        try:
+            message = channel.receive(self.timeout_s)
+            done = message.get("type") == "done" and message.get("xfer") == xfer
+            reason = "" if done else f"the sender answered {message.get('type')!r}: {message.get('reason', '')}"
+        except (ChannelClosed, TimeoutError) as e:
+            done, reason = False, f"the sender went away: {e}"
+            self._drop(channel)
+        self._remember(xfer)
+        if not done:
+            self.mgr.deallocate(seq_id)
+            return Abort(seq_id, reason)
+        try:
+            channel.send(dict(type="ack", xfer=xfer, status="started"))
+        except ChannelClosed:  # the bytes landed: the sequence starts; the sender learns nothing more
+            self._drop(channel)
+        return Arrival(seq_id, cached, export.num_computed, export.tokens.tolist())
+
+    def _remember(self, xfer: str) -> None:
+        self._finished[xfer] = True
+        while len(self._finished) > REMEMBERED_TRANSFERS:
+            self._finished.popitem(last=False)
+
+    def _drop(self, channel: Channel) -> None:
+        channel.close()
+        if channel in self._senders:
+            self._senders.remove(channel)
+
+    def close(self) -> None:
+        """Stop listening, close the channels and unregister this pool's KV from the endpoint."""
+        for channel in list(self._senders):
+            self._drop(channel)
+        self._listener.close()
+        self.endpoint.unregister(self.regions.memory())
+
+

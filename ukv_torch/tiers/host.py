@@ -1,0 +1,104 @@
+"""HostTier: the in-process tier, objects in host memory (pinned where CUDA is
+present, so loads and saves are DMA copies), least recently used evicted first."""
+from __future__ import annotations
+
+import numbers
+from collections import OrderedDict
+from typing import Dict, List, Sequence
+
+import torch
+
+from .backend import TierBackend
+
+__all__ = ["HostTier", "check_host_bytes"]
+
+
+def check_host_bytes(buffer: torch.Tensor, what: str) -> None:
+    """Misuse the interface refuses: a buffer that is not contiguous 1-D uint8 host memory."""
+    if not isinstance(buffer, torch.Tensor) or buffer.device.type != "cpu" or buffer.dtype != torch.uint8 \
+            or buffer.dim() != 1 or not buffer.is_contiguous():
+        raise ValueError(f"{what} must be a contiguous 1-D uint8 host tensor, got "
+                         f"{getattr(buffer, 'dtype', type(buffer).__name__)} on "
+                         f"{getattr(buffer, 'device', '?')} with shape {tuple(getattr(buffer, 'shape', ()))}")
+
+
+class HostTier(TierBackend):
+    """Objects in this process's host memory, at most ``capacity_bytes`` of them.
+
+    ``pinned`` (default: whether CUDA is available) allocates page-locked
+    memory, which the engine's copies to and from the GPU need to run
+    asynchronously at full speed. A full tier evicts its least recently used
+    objects (a get or a put of an existing key counts as a use)."""
+
+    name = "host"
+
+    def __init__(self, capacity_bytes: int, *, pinned: bool = None):
+        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, numbers.Integral) or capacity_bytes <= 0:
+            raise ValueError(f"HostTier: capacity_bytes must be a positive int, got {capacity_bytes!r}")
+        self.capacity_bytes = int(capacity_bytes)
+        self.pinned = torch.cuda.is_available() if pinned is None else bool(pinned)
+        self._objects: "OrderedDict[str, torch.Tensor]" = OrderedDict()
+        self._registered: List[torch.Tensor] = []
+        self._counts = dict(puts=0, gets=0, hits=0, misses=0, evictions=0, errors=0, bytes_used=0)
+
+    def register_buffer(self, buffer: torch.Tensor) -> None:
+        check_host_bytes(buffer, "HostTier.register_buffer: buffer")
+        if not any(b.data_ptr() == buffer.data_ptr() and b.numel() == buffer.numel() for b in self._registered):
+            self._registered.append(buffer)
+
+    def _check(self, keys: Sequence[str], buffers: Sequence[torch.Tensor], what: str) -> None:
+        if len(keys) != len(buffers):
+            raise ValueError(f"HostTier.{what}: {len(keys)} keys but {len(buffers)} buffers")
+        for b in buffers:
+            check_host_bytes(b, f"HostTier.{what}: each buffer")
+            start, end = b.data_ptr(), b.data_ptr() + b.numel()
+            if not any(r.data_ptr() <= start and end <= r.data_ptr() + r.numel() for r in self._registered):
+                raise ValueError(f"HostTier.{what}: a buffer is not a slice of a registered buffer "
+                                 f"(register_buffer first)")
+
+    def put(self, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> List[bool]:
+        self._check(keys, buffers, "put")
+        return [self._put(key, buf) for key, buf in zip(keys, buffers)]
+
+    def _put(self, key: str, buffer: torch.Tensor) -> bool:
+        self._counts["puts"] += 1
+        if key in self._objects:
+            self._objects.move_to_end(key)
+            return True
+        size = buffer.numel()
+        if size > self.capacity_bytes:
+            self._counts["errors"] += 1
+            return False
+        while self._counts["bytes_used"] + size > self.capacity_bytes:
+            _, old = self._objects.popitem(last=False)
+            self._counts["bytes_used"] -= old.numel()
+            self._counts["evictions"] += 1
+        self._objects[key] = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned).copy_(buffer)
+        self._counts["bytes_used"] += size
+        return True
+
+    def get(self, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> List[int]:
+        self._check(keys, buffers, "get")
+        return [self._get(key, buf) for key, buf in zip(keys, buffers)]
+
+    def _get(self, key: str, buffer: torch.Tensor) -> int:
+        self._counts["gets"] += 1
+        obj = self._objects.get(key)
+        if obj is None or obj.numel() > buffer.numel():
+            self._counts["misses"] += 1
+            return -1
+        self._objects.move_to_end(key)
+        buffer[: obj.numel()].copy_(obj)
+        self._counts["hits"] += 1
+        return obj.numel()
+
+    def contains(self, keys: Sequence[str]) -> List[bool]:
+        return [key in self._objects for key in keys]
+
+    def stats(self) -> Dict[str, int]:
+        return dict(self._counts, objects=len(self._objects), capacity_bytes=self.capacity_bytes)
+
+    def close(self) -> None:
+        self._objects.clear()
+        self._registered.clear()
+        self._counts["bytes_used"] = 0

@@ -1,0 +1,110 @@
+"""The keys of tier objects: a cryptographic chain over the prefix.
+
+A shared store serves many tenants, processes and models, so a key must not
+collide by accident or by design: it is 128 bits of BLAKE2b, chained over
+the prefix, block by block,
+
+    root    = BLAKE2b-128("ukv-tier-root" ++ fingerprint ++ salt as 8 bytes LE)
+    key_i   = BLAKE2b-128(key_{i-1} ++ block i's token ids as 8-byte LE ints)   (key_{-1} = root)
+    tail_i  = BLAKE2b-128(key_i ++ "swa-tail")
+
+so a key names the whole prefix up to its block's end, under one salt and
+one model. The fingerprint covers what gives the bytes their meaning: the
+block size, the window, every layer's compress ratio and each of its planes'
+dtype and width (and the CSA indexer's), so two models sharing a store never
+read each other's objects. The HBM prefix cache's 64-bit hashes are not used
+here: they are for routers, and a store shared between tenants needs keys no
+one can make collide.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..manager.kv_events import KvEvent, KvEventKind, KvRole
+from ..manager.prefix_hashing import cache_salt
+
+__all__ = ["KEY_BYTES", "fingerprint", "root_key", "chain_keys", "tail_key", "key_name", "KeyChain"]
+
+KEY_BYTES = 16
+
+
+def _digest(*parts: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=KEY_BYTES)
+    for p in parts:
+        h.update(p)
+    return h.digest()
+
+
+def fingerprint(geometry: Sequence) -> bytes:
+    """The model fingerprint of an object layout's geometry (``ObjectLayout.geometry``)."""
+    return _digest(b"ukv-tier-fingerprint-v1", repr(tuple(geometry)).encode())
+
+
+def root_key(fp: bytes, salt) -> bytes:
+    """The chain's seed for a request's salt (None, an int or bytes: ``ukv_torch.cache_salt``)."""
+    return _digest(b"ukv-tier-root", fp, cache_salt(salt).to_bytes(8, "little"))
+
+
+def _block_bytes(tokens) -> bytes:
+    return np.asarray(tokens, dtype="<i8").tobytes()
+
+
+def chain_keys(root: bytes, tokens, block_size: int, count: int) -> List[bytes]:
+    """The keys of blocks [0, count) of ``tokens`` (count full blocks)."""
+    data = _block_bytes(np.asarray(tokens)[: count * block_size])
+    step = 8 * block_size
+    keys, key = [], root
+    for i in range(count):
+        key = _digest(key, data[i * step: (i + 1) * step])
+        keys.append(key)
+    return keys
+
+
+def tail_key(block_key: bytes) -> bytes:
+    """The key of the SWA tail object at the end of the block with this key."""
+    return _digest(block_key, b"swa-tail")
+
+
+def key_name(key: bytes) -> str:
+    """A key as the backends' string key."""
+    return "ukv/" + key.hex()
+
+
+class KeyChain:
+    """The tier keys of blocks the HBM prefix cache published, by their 64-bit
+    block hash, so a Stored event's key is its parent's key chained with its
+    tokens. Entries go with the block's Removed event (or a cache clear); a
+    block's parent is live or cached whenever the block is published, so its
+    key is here then. ``limit`` bounds the map regardless (least recently
+    used first): a parent not found means no save, never a wrong key."""
+
+    def __init__(self, fp: bytes, limit: int):
+        self.fp, self.limit = fp, limit
+        self._keys: "OrderedDict[int, bytes]" = OrderedDict()
+
+    def key_of(self, event: KvEvent) -> Optional[bytes]:
+        """The key of a Stored compress event's block, remembered for its children; None
+        when its parent's key is unknown."""
+        if event.parent_hash is None:
+            parent = root_key(self.fp, event.salt)
+        else:
+            parent = self._keys.get(event.parent_hash)
+            if parent is None:
+                return None
+            self._keys.move_to_end(event.parent_hash)
+        key = _digest(parent, _block_bytes(event.token_ids))
+        self._keys[event.block_hash] = key
+        if len(self._keys) > self.limit:
+            self._keys.popitem(last=False)
+        return key
+
+    def forget(self, event: KvEvent) -> None:
+        """A Removed or AllCleared event."""
+        if event.kind == KvEventKind.ALL_CLEARED:
+            self._keys.clear()
+        elif event.role == KvRole.COMPRESS:
+            self._keys.pop(event.block_hash, None)

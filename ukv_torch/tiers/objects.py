@@ -1,0 +1,221 @@
+"""Tier objects: what a prefix hit needs, in bytes that do not depend on the layout.
+
+Two kinds of object, each a 64-byte header and a payload:
+
+- a **block object** holds one compress block: layer after layer (compress
+  layers only), the block's ``k = block_size / ratio`` compressed rows of
+  the layer's KV tensor and then of its RoPE tensor (where the model has
+  one), then the CSA indexer entries of the block (CSA layers with one);
+- a **tail object** holds the sliding-window rows a hit ending at a block's
+  end needs: layer after layer (every layer), the rows of the ``window - 1``
+  positions before the block's end, KV tensor then RoPE tensor.
+
+Rows are addressed by position and block, never by page or slot, so any
+layout and SWA page size restores what any other saved (the transfer
+buffer's rule, ``ukv_torch.transfer``). The header:
+
+    magic "UKVT", version (1 byte), kind (1 byte), 2 zero bytes,
+    payload bytes (8, little-endian), model fingerprint (16), key (16),
+    checksum (16): XXH3-128 of the 48 bytes before it and the payload.
+
+An object is accepted only when its size, magic, version, kind, fingerprint
+and key are the expected ones and its checksum matches: a truncated, corrupt,
+foreign (other model) or misplaced object is a miss, never KV. The checksum
+catches corruption, at tens of GB/s; what ties an object to its prefix, model
+and tenant is its key (a cryptographic chain, keys.py), which the header
+repeats.
+"""
+from __future__ import annotations
+
+import struct
+from typing import List, NamedTuple, Optional, Sequence
+
+import torch
+import xxhash
+
+from ..ops import gather_rows, scatter_rows, swa_slot_mapping
+from ..plan.records import KvPlan
+from .keys import KEY_BYTES, fingerprint
+
+__all__ = ["BLOCK", "TAIL", "HEADER_BYTES", "ObjectLayout"]
+
+BLOCK, TAIL = 0, 1
+HEADER_BYTES = 64
+CSA_RATIO = 4
+_MAGIC, _VERSION = b"UKVT", 1
+_FIXED = struct.Struct("<4sBBHQ")  # magic, version, kind, 0, payload bytes
+_SIGNED = _FIXED.size + 2 * KEY_BYTES  # the bytes the checksum covers before the payload
+
+
+class _Layer(NamedTuple):
+    ratio: int
+    planes: List[Optional[torch.Tensor]]  # the layer's KV tensor, then its RoPE tensor (None: sizes only)
+    row_bytes: List[int]                  # per plane
+    indexer: Optional[torch.Tensor]       # a CSA layer's indexer cache as [blocks, entry bytes], or None
+    indexer_bytes: int
+
+
+def _checksum(header: bytes, payload: memoryview) -> bytes:
+    h = xxhash.xxh3_128(header)
+    h.update(payload)
+    return h.digest()
+
+
+class ObjectLayout:
+    """The byte format of a plan's tier objects, and the copies between the KV rows and them.
+
+    ``kv`` holds the KV tensors (``ukv_torch.UnifiedKv``, or anything with
+    per-layer ``kv`` tensors and optional ``rope`` and ``indexer`` lists); with
+    ``kv=None`` the layout only knows sizes, from the plan's model (capacity
+    studies). The layers' tensors are read and written with
+    :func:`ukv_torch.gather_rows` / :func:`ukv_torch.scatter_rows`, one call
+    per layer on the current stream.
+
+    With ``kv=None`` the layout knows sizes only, from the plan's model: it
+    copies nothing, and an object is sound when its size is right (capacity
+    studies, whose managers have no KV tensors)."""
+
+    def __init__(self, plan: KvPlan, kv=None):
+        config, model = plan.config, plan.model
+        if config.window - 1 > config.block_size:
+            raise ValueError(f"KV tiers need window - 1 <= block_size (a tail object lies in one block), got "
+                             f"window={config.window}, block_size={config.block_size}")
+        self.plan, self.config = plan, config
+        self.layers = [self._layer(plan, kv, i, r) for i, r in enumerate(model.layer_ratios)]
+        self.tail_rows = config.window - 1
+        self.geometry = (config.block_size, config.window,
+                         tuple((l.ratio, tuple(self._plane_kind(p, b) for p, b in zip(l.planes, l.row_bytes)),
+                                l.indexer_bytes) for l in self.layers))
+        self.fingerprint = fingerprint(self.geometry)
+        self._offsets = {BLOCK: [], TAIL: []}
+        sizes = {BLOCK: 0, TAIL: 0}
+        for layer in self.layers:
+            for kind in (BLOCK, TAIL):
+                self._offsets[kind].append(sizes[kind])
+                sizes[kind] += self._layer_bytes(kind, layer)
+        self.payload_bytes = sizes
+        self.device = None if kv is None else self.layers[0].planes[0].device
+
+    @staticmethod
+    def _layer(plan: KvPlan, kv, index: int, ratio: int) -> _Layer:
+        model = plan.model
+        if kv is None:
+            widths = [model.head_dim * model.kv_elem_bytes] + \
+                ([model.rope_head_dim * model.rope_elem_bytes] if model.rope_head_dim else [])
+            ind = model.indexer_bytes_per_block if ratio == CSA_RATIO else 0
+            return _Layer(ratio, [None] * len(widths), widths, None, ind)
+        if len(kv.kv) != len(model.layer_ratios):
+            raise ValueError(f"kv has {len(kv.kv)} layers, the plan's model {len(model.layer_ratios)}")
+        ropes = getattr(kv, "rope", None) or [None] * len(kv.kv)
+        planes = [kv.kv[index]] + ([ropes[index]] if ropes[index] is not None else [])
+        indexers = getattr(kv, "indexer", ())
+        indexer = indexers[index] if ratio == CSA_RATIO and len(indexers) > index else None
+        indexer = None if indexer is None else indexer.flatten(1)
+        return _Layer(ratio, planes, [t.shape[1] * t.element_size() for t in planes], indexer,
+                      0 if indexer is None else indexer.shape[1])
+
+    @staticmethod
+    def _plane_kind(plane: Optional[torch.Tensor], row_bytes: int):
+        return (str(plane.dtype), plane.shape[1]) if plane is not None else ("bytes", row_bytes)
+
+    def _layer_bytes(self, kind: int, layer: _Layer) -> int:
+        if kind == TAIL:
+            return self.tail_rows * sum(layer.row_bytes)
+        if not layer.ratio:
+            return 0
+        return self.config.block_size // layer.ratio * sum(layer.row_bytes) + layer.indexer_bytes
+
+    def object_bytes(self, kind: int) -> int:
+        """The size of a whole object of this kind (header included)."""
+        return HEADER_BYTES + self.payload_bytes[kind]
+
+    # --- header and checks ---------------------------------------------------
+    def seal(self, kind: int, key: bytes, obj: torch.Tensor) -> None:
+        """Write the header of an object whose payload is in place (``obj``: its bytes, on the host)."""
+        if self.device is None:
+            return
+        header = _FIXED.pack(_MAGIC, _VERSION, kind, 0, self.payload_bytes[kind]) + self.fingerprint + key
+        data = obj.numpy()
+        data[:_SIGNED] = memoryview(header)
+        data[_SIGNED:HEADER_BYTES] = memoryview(_checksum(header, memoryview(data[HEADER_BYTES:])))
+
+    def verify(self, kind: int, key: bytes, obj: torch.Tensor, size: int) -> bool:
+        """Whether ``obj`` (host bytes, ``size`` of them read) is the sound object of this kind and key."""
+        if size != self.object_bytes(kind) or obj.numel() < size:
+            return False
+        if self.device is None:
+            return True
+        data = obj[:size].numpy()
+        header = bytes(data[:_SIGNED])
+        expected = _FIXED.pack(_MAGIC, _VERSION, kind, 0, self.payload_bytes[kind]) + self.fingerprint + key
+        return header == expected and bytes(data[_SIGNED:HEADER_BYTES]) == _checksum(
+            header, memoryview(data[HEADER_BYTES:]))
+
+    # --- copies between rows and objects --------------------------------------
+    def gather(self, kind: int, where: torch.Tensor, buffer: torch.Tensor, offsets: Sequence[int]) -> None:
+        """Copy the rows of ``len(offsets)`` objects into their payloads: object i
+        starts at ``buffer[offsets[i]]`` (a 1-D uint8 tensor on the KV's device).
+        ``where``: per object, :meth:`KvManager.locate_blocks`' row (block
+        objects) or the SWA units of its block's pages (tail objects, int32
+        ``[n, pages_per_block]``, -1 for a page holding no tail position)."""
+        self._copy(gather_rows, kind, where, buffer, offsets)
+
+    def scatter(self, kind: int, where: torch.Tensor, buffer: torch.Tensor, offsets: Sequence[int]) -> None:
+        """The inverse of :meth:`gather`: payloads into the rows ``where`` names."""
+        self._copy(scatter_rows, kind, where, buffer, offsets)
+
+    def _copy(self, op, kind: int, where: torch.Tensor, buffer: torch.Tensor, offsets: Sequence[int]) -> None:
+        if self.device is None:
+            return
+        base = torch.tensor(offsets, dtype=torch.int64) + HEADER_BYTES
+        per_class = {}
+        for layer, layer_offset in zip(self.layers, self._offsets[kind]):
+            if kind == BLOCK and not layer.ratio:
+                continue
+            if layer.ratio not in per_class:
+                runs = self._block_runs(layer, where, base) if kind == BLOCK else self._tail_runs(layer, where, base)
+                per_class[layer.ratio] = (runs.to(self.device),
+                                          torch.tensor([len(runs)], dtype=torch.int32).to(self.device))
+            runs, count = per_class[layer.ratio]
+            sources = layer.planes + ([layer.indexer] if layer.indexer is not None else [])
+            op(sources, runs, count, buffer[layer_offset:])
+
+    def _block_runs(self, layer: _Layer, where: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        """Runs (tensor, first row, rows, offset) of a compress layer's rows in block objects."""
+        config = self.config
+        k = config.block_size // layer.ratio
+        row_space = config.layout == "row_space"
+        args = self.plan.compress_args(layer.ratio)
+        phys = where[:, 1 + (0 if row_space else config.type_of_ratio(layer.ratio))].to(torch.int64)
+        rows = args["compress_base"] + phys * args["block_stride"]
+        runs, offset = [], 0
+        for index, row_bytes in enumerate(layer.row_bytes):
+            runs.append(self._runs(index, rows, k, base + offset))
+            offset += k * row_bytes
+        if layer.indexer is not None:
+            # Addressed like the compressed rows: by envelope in the row space, else by logical block.
+            ids = where[:, 1 if row_space else 0].to(torch.int64)
+            runs.append(self._runs(len(layer.planes), ids, 1, base + offset))
+        return torch.cat(runs)
+
+    def _tail_runs(self, layer: _Layer, where: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        """Runs of a layer's SWA rows of the tail positions, one row each."""
+        bs, n = self.config.block_size, where.shape[0]
+        positions = torch.arange(bs - self.tail_rows, bs, dtype=torch.int64)  # within the block
+        rows = torch.empty(n * self.tail_rows, dtype=torch.int32)
+        swa_slot_mapping(where.to(torch.int32).contiguous(), positions.repeat(n),
+                         torch.arange(n, dtype=torch.int32).repeat_interleave(self.tail_rows), rows,
+                         block_size=bs, swa_rows=list(self.plan.swa_rows(layer.ratio)))
+        if bool((rows < 0).any()):
+            raise RuntimeError("a tail object's position has no SWA page: its rows cannot be copied")
+        step = torch.arange(self.tail_rows, dtype=torch.int64)
+        runs, offset = [], 0
+        for index, row_bytes in enumerate(layer.row_bytes):
+            offsets = (base.view(-1, 1) + offset + step * row_bytes).view(-1)
+            runs.append(self._runs(index, rows.to(torch.int64), 1, offsets))
+            offset += self.tail_rows * row_bytes
+        return torch.cat(runs)
+
+    @staticmethod
+    def _runs(tensor: int, rows: torch.Tensor, count: int, offsets: torch.Tensor) -> torch.Tensor:
+        return torch.stack([torch.full_like(rows, tensor), rows, torch.full_like(rows, count), offsets], dim=1)
