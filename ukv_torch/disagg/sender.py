@@ -41,7 +41,7 @@ class SendResult(NamedTuple):
     reason: str = ""            # failed: what went wrong
     nbytes: int = 0             # bytes written
     write_seconds: float = 0.0  # in the transfer engine
-    host_seconds: float = 0.0   # describing, checking and joining the rows here
+    host_seconds: float = 0.0   # describing, checking, gathering and joining the rows here (no waiting)
 
 
 class KvSender:
@@ -71,12 +71,14 @@ class KvSender:
                      tokens=export.tokens.numpy().astype(np.int32).tobytes(), num_computed=export.num_computed,
                      salt=export.salt, config=export.config.encode(), geometry=self.regions.geometry(),
                      nbytes=nbytes)
+        host = time.perf_counter() - started
         try:
             channel = self._channel(tuple(receiver))
             channel.send(offer)
             answer = channel.receive(self.timeout_s)
         except (ChannelClosed, TimeoutError) as e:
             return self._failed(seq_id, receiver, f"no answer to the offer: {e}")
+        answered = time.perf_counter()
         if answer.get("type") == "refused":
             return SendResult("refused", int(answer["answer"]))
         if answer.get("type") != "accept":
@@ -86,8 +88,8 @@ class KvSender:
         except ValueError:
             self._tell(receiver, dict(type="abort", xfer=xfer, reason="the receiver's rows were refused"))
             raise
-        host = time.perf_counter() - started
         written = time.perf_counter()
+        host += written - answered
         if not self.endpoint.write(answer["engine"], writes):
             self._tell(receiver, dict(type="abort", xfer=xfer, reason="the write failed"))
             return self._failed(seq_id, receiver, "the transfer engine's write failed")
