@@ -57,11 +57,8 @@ def digest(plan, kv, mgr, seq_id) -> str:
 def receiver_process(report_port: int, staged: bool) -> None:
     """The decode side: prints where it listens, then serves until told to stop."""
     plan, kv, mgr = side("elastic")
-    endpoint = TransferEndpoint()
-    largest = max_bytes(plan, kv)
-    receiver = KvReceiver(mgr, plan, kv, endpoint, timeout_s=120, staging_bytes=largest if staged else 0)
-    raw = torch.empty(largest, dtype=torch.uint8)
-    endpoint.register([(raw.data_ptr(), raw.numel())])
+    endpoint, raw = endpoint_and_raw_buffer(plan, kv)
+    receiver = KvReceiver(mgr, plan, kv, endpoint, timeout_s=120, staging_bytes=raw.numel() if staged else 0)
     report_to = None
     print("READY", *receiver.address, endpoint.name, raw.data_ptr(), flush=True)
     while True:
@@ -96,6 +93,14 @@ def prefill(plan, kv, mgr, seq_id, prompt) -> None:
     mgr.commit_prefill([seq_id], [0], [5])
 
 
+def endpoint_and_raw_buffer(plan, kv):
+    """A transfer engine and, registered with it, a buffer for the raw writes (the largest sequence's bytes)."""
+    endpoint = TransferEndpoint()
+    raw = torch.zeros(max_bytes(plan, kv), dtype=torch.uint8)
+    endpoint.register([(raw.data_ptr(), raw.numel())])
+    return endpoint, raw
+
+
 def max_bytes(plan, kv) -> int:
     """Bytes of the largest sequence's transfer."""
     mgr = KvManager(plan)
@@ -126,11 +131,8 @@ def run(plan, kv, mgr, staged: bool, rounds: int):
     rows = []
     try:
         _, host, port, engine_name, raw_address = peer.stdout.readline().split()
-        endpoint = TransferEndpoint()
-        largest = max_bytes(plan, kv)
-        sender = KvSender(mgr, plan, kv, endpoint, timeout_s=120, staging_bytes=largest if staged else 0)
-        raw = torch.empty(largest, dtype=torch.uint8)
-        endpoint.register([(raw.data_ptr(), raw.numel())])
+        endpoint, raw = endpoint_and_raw_buffer(plan, kv)
+        sender = KvSender(mgr, plan, kv, endpoint, timeout_s=120, staging_bytes=raw.numel() if staged else 0)
         reports_channel = None
         rng = np.random.default_rng(0)
         for name, tokens in TOKENS.items():
