@@ -28,11 +28,13 @@ def endpoints():
         endpoint.close()
 
 
-def sides(endpoints, sender_pool, receiver_pool, timeout_s=20.0, **sender_options):
+def sides(endpoints, sender_pool, receiver_pool, timeout_s=20.0, staging=(0, 0), **sender_options):
+    """staging: each side's staging_bytes (0: rows straight from and into the pools)."""
     from ukv_torch.disagg import KvReceiver, KvSender
     return (KvSender(sender_pool.mgr, sender_pool.plan, sender_pool.kv, endpoints[0], timeout_s=timeout_s,
-                     **sender_options),
-            KvReceiver(receiver_pool.mgr, receiver_pool.plan, receiver_pool.kv, endpoints[1], timeout_s=timeout_s))
+                     staging_bytes=staging[0], **sender_options),
+            KvReceiver(receiver_pool.mgr, receiver_pool.plan, receiver_pool.kv, endpoints[1], timeout_s=timeout_s,
+                       staging_bytes=staging[1]))
 
 
 def counts(p):
@@ -42,14 +44,19 @@ def counts(p):
                                                     "held_swa_slots", "live_envelopes", "live_swa_units")}
 
 
-@pytest.mark.parametrize("a_layout, b_layout, b_page", [
-    ("static", "row_space", 32), ("row_space", "elastic", 0), ("row_space", "row_space", 64),
-    ("elastic", "upstream", 0), ("upstream", "static", 0)])
-def test_rows_land_in_the_receivers_rows_across_layouts(endpoints, a_layout, b_layout, b_page):
+STAGED = 1 << 20  # a staging buffer that holds the sequence (4 KiB would not: rows go straight then)
+
+
+@pytest.mark.parametrize("a_layout, b_layout, b_page, staging", [
+    ("static", "row_space", 32, (0, 0)), ("row_space", "elastic", 0, (0, 0)), ("row_space", "row_space", 64, (0, 0)),
+    ("elastic", "upstream", 0, (0, 0)), ("upstream", "static", 0, (0, 0)),
+    ("row_space", "elastic", 0, (STAGED, STAGED)), ("static", "row_space", 32, (STAGED, 0)),
+    ("row_space", "static", 0, (0, STAGED)), ("elastic", "row_space", 64, (4096, 4096))])
+def test_rows_land_in_the_receivers_rows_across_layouts(endpoints, a_layout, b_layout, b_page, staging):
     a, b = pool(a_layout, seed=1), pool(b_layout, page=b_page, seed=2)
     prefill(a, SENT, prompt(700))
     expected = a.sequence_bytes(SENT)
-    sender, receiver = sides(endpoints, a, b)
+    sender, receiver = sides(endpoints, a, b, staging=staging)
     served = Served(receiver)
     result = sender.send(SENT, receiver.address, RECEIVED)
     event, = served.wait()
@@ -61,14 +68,15 @@ def test_rows_land_in_the_receivers_rows_across_layouts(endpoints, a_layout, b_l
     sender.close()
 
 
-def test_a_prefix_the_receiver_holds_does_not_travel(endpoints):
+@pytest.mark.parametrize("staging", [(0, 0), (STAGED, STAGED)])
+def test_a_prefix_the_receiver_holds_does_not_travel(endpoints, staging):
     a, b = pool("elastic", seed=1), pool("row_space", seed=2)
     tokens = prompt(700)
     prefill(b, 3, tokens[:600])  # b computed the first blocks itself and keeps them cached
     b.mgr.deallocate(3)
     prefill(a, SENT, tokens)
     expected = a.sequence_bytes(SENT)
-    sender, receiver = sides(endpoints, a, b)
+    sender, receiver = sides(endpoints, a, b, staging=staging)
     served = Served(receiver)
     result = sender.send(SENT, receiver.address, RECEIVED)
     event, = served.wait()

@@ -193,10 +193,10 @@ def test_a_closed_tier_refuses_calls(shared_mooncake_master):
 
 
 def test_importing_never_needs_mooncake():
-    # importing the package and the tier module never imports mooncake
+    # importing the package, the tier modules and ukv_torch.disagg never imports mooncake
     import subprocess
     import sys
-    code = ("import sys, ukv_torch, ukv_torch.tiers.mooncake, ukv_torch.tiers.mooncake_master; "
+    code = ("import sys, ukv_torch, ukv_torch.tiers.mooncake, ukv_torch.tiers.mooncake_master, ukv_torch.disagg; "
             "print('mooncake' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

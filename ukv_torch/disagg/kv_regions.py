@@ -6,12 +6,17 @@ offsets, each from its own tables: the sender's rows as (offset, address,
 bytes) runs, the receiver's likewise. Joining the two on the offsets gives
 the writes that move every byte from the sender's row straight to the
 receiver's row, with no buffer in between, whatever the two layouts are.
+
+A side may instead stage: its runs then address a contiguous buffer at the
+same offsets (`staged`), which gather_sequence fills or scatter_sequence
+empties. The join is the same; the writes merge into a few long ones.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
+import torch
 
 from ..plan.records import KvPlan
 from ..plan.unified_kv import UnifiedKv
@@ -94,6 +99,21 @@ def _one_row_each(runs: np.ndarray, row_bytes: int) -> np.ndarray:
     return np.stack([runs[run, 0], runs[run, 1] + step, np.ones_like(step), runs[run, 3] + step * row_bytes], axis=1)
 
 
+def staged(runs: Runs, buffer: torch.Tensor) -> Runs:
+    """The same bytes in a contiguous staging buffer: offset o at the buffer's byte o."""
+    out = runs.copy()
+    out[:, 1] = buffer.data_ptr() + runs[:, 0]
+    return out
+
+
+def staging_buffer(staging_bytes: int, owner: str) -> Optional[torch.Tensor]:
+    """A host staging buffer of staging_bytes (None for 0), touched once so
+    its pages exist before the first transfer."""
+    if isinstance(staging_bytes, bool) or not isinstance(staging_bytes, int) or staging_bytes < 0:
+        raise ValueError(f"{owner}: staging_bytes must be an int >= 0, got {staging_bytes!r}")
+    return torch.zeros(staging_bytes, dtype=torch.uint8) if staging_bytes else None
+
+
 def check_destination(destination: Runs, nbytes: int, memory: List[Tuple[int, int]]) -> None:
     """A receiver's runs must name bytes of the buffer once each and rows
     inside the KV memory it registered; anything else would write where no
@@ -122,6 +142,11 @@ def join(source: Runs, destination: Runs) -> np.ndarray:
     source run holds is a ValueError: the two sides disagree on the sequence."""
     if not len(destination):
         return np.zeros((0, 3), dtype=np.int64)
+    if len(source) == 1 and source[0, 0] <= destination[0, 0] and \
+            destination[-1, 0] + destination[-1, 2] <= source[0, 0] + source[0, 2]:
+        # one source run holds everything (a staged sender): each destination run is one write
+        src = source[0, 1] + (destination[:, 0] - source[0, 0])
+        return _merged(src, destination[:, 1], destination[:, 2])
     s_begin, s_end = source[:, 0], source[:, 0] + source[:, 2]
     d_begin, d_end = destination[:, 0], destination[:, 0] + destination[:, 2]
     cuts = np.unique(np.concatenate([s_begin, s_end, d_begin, d_end]))
@@ -132,9 +157,11 @@ def join(source: Runs, destination: Runs) -> np.ndarray:
     s = np.searchsorted(s_begin, low, side="right") - 1
     if len(s_begin) == 0 or not ((s >= 0) & (low < s_end[np.maximum(s, 0)])).all():
         raise ValueError("the receiver asks for bytes the sender's rows do not hold (size mismatch)")
-    src = source[s, 1] + (low - s_begin[s])
-    dst = destination[d, 1] + (low - d_begin[d])
-    size = high - low
+    return _merged(source[s, 1] + (low - s_begin[s]), destination[d, 1] + (low - d_begin[d]), high - low)
+
+
+def _merged(src: np.ndarray, dst: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Writes in offset order, each merged into the previous one where both its ends continue it."""
     follows = np.concatenate([[False], (src[:-1] + size[:-1] == src[1:]) & (dst[:-1] + size[:-1] == dst[1:])])
     group = np.cumsum(~follows) - 1
     first = np.flatnonzero(~follows)

@@ -8,6 +8,8 @@
   holds), writes every row straight from this pool's KV into the receiver's
   through the transfer engine, says "done", and frees the sequence here once
   the receiver acknowledged that it started it.
+With ``staging_bytes`` the rows are first gathered into a registered buffer
+of that size and written from there (see KvReceiver for when that pays).
 Between the offer and the acknowledgement the caller runs no step, so no row
 of the sequence moves or is reused while it is read.
 
@@ -27,10 +29,10 @@ import numpy as np
 from ..manager.kv_manager import KvManager
 from ..plan.records import KvPlan
 from ..plan.unified_kv import UnifiedKv
-from ..transfer import transfer_bytes
+from ..transfer import gather_sequence, transfer_bytes
 from .channel import Channel, ChannelClosed
 from .endpoint import TransferEndpoint
-from .kv_regions import KvRegions, check_destination, join
+from .kv_regions import KvRegions, check_destination, join, staged, staging_buffer
 
 
 class SendResult(NamedTuple):
@@ -39,7 +41,7 @@ class SendResult(NamedTuple):
     reason: str = ""            # failed: what went wrong
     nbytes: int = 0             # bytes written
     write_seconds: float = 0.0  # in the transfer engine
-    host_seconds: float = 0.0   # describing, checking and joining the rows here
+    host_seconds: float = 0.0   # describing, checking, gathering and joining the rows here (no waiting)
 
 
 class KvSender:
@@ -47,13 +49,14 @@ class KvSender:
     (see the module docstring)."""
 
     def __init__(self, mgr: KvManager, plan: KvPlan, kv: UnifiedKv, endpoint: TransferEndpoint, *,
-                 timeout_s: float = 30.0, free_on_failure: bool = False):
+                 timeout_s: float = 30.0, free_on_failure: bool = False, staging_bytes: int = 0):
         if not timeout_s > 0:
             raise ValueError(f"KvSender: timeout_s must be > 0, got {timeout_s!r}")
         self.mgr, self.plan, self.kv, self.endpoint = mgr, plan, kv, endpoint
         self.timeout_s, self.free_on_failure = timeout_s, free_on_failure
         self.regions = KvRegions(plan, kv)
-        endpoint.register(self.regions.memory())
+        self._staging = staging_buffer(staging_bytes, "KvSender")
+        endpoint.register(self._memory())
         self._channels: Dict[Tuple[str, int], Channel] = {}
 
     def send(self, seq_id: int, receiver: Tuple[str, int], receiver_seq_id: Optional[int] = None) -> SendResult:
@@ -68,12 +71,14 @@ class KvSender:
                      tokens=export.tokens.numpy().astype(np.int32).tobytes(), num_computed=export.num_computed,
                      salt=export.salt, config=export.config.encode(), geometry=self.regions.geometry(),
                      nbytes=nbytes)
+        host = time.perf_counter() - started
         try:
             channel = self._channel(tuple(receiver))
             channel.send(offer)
             answer = channel.receive(self.timeout_s)
         except (ChannelClosed, TimeoutError) as e:
             return self._failed(seq_id, receiver, f"no answer to the offer: {e}")
+        answered = time.perf_counter()
         if answer.get("type") == "refused":
             return SendResult("refused", int(answer["answer"]))
         if answer.get("type") != "accept":
@@ -83,8 +88,8 @@ class KvSender:
         except ValueError:
             self._tell(receiver, dict(type="abort", xfer=xfer, reason="the receiver's rows were refused"))
             raise
-        host = time.perf_counter() - started
         written = time.perf_counter()
+        host += written - answered
         if not self.endpoint.write(answer["engine"], writes):
             self._tell(receiver, dict(type="abort", xfer=xfer, reason="the write failed"))
             return self._failed(seq_id, receiver, "the transfer engine's write failed")
@@ -107,6 +112,9 @@ class KvSender:
         if int(destination[:, 2].sum()) != int(held[:, 2].sum()):
             raise ValueError(f"size mismatch: the receiver's rows hold {int(destination[:, 2].sum())} bytes, "
                              f"the sequence {int(held[:, 2].sum())} beyond its cached prefix")
+        if self._staging is not None and nbytes <= self._staging.numel():  # else straight from the rows
+            gather_sequence(self.plan, self.kv, export, self._staging[:nbytes])
+            held = staged(held, self._staging)
         return join(held, destination)
 
     def _channel(self, receiver: Tuple[str, int]) -> Channel:
@@ -134,4 +142,8 @@ class KvSender:
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
-        self.endpoint.unregister(self.regions.memory())
+        self.endpoint.unregister(self._memory())
+
+    def _memory(self):
+        staging = [] if self._staging is None else [(self._staging.data_ptr(), self._staging.numel())]
+        return self.regions.memory() + staging

@@ -1,0 +1,180 @@
+"""Disaggregated transfer (ukv_torch.disagg) against the raw transfer engine
+moving the same bytes, in the same run, between two processes on loopback.
+
+One V4-Pro sequence of 32K and of 128K tokens (MODEL_PRESETS["v4-pro"]:
+fp8 NoPE, bf16 RoPE, CSA indexer) goes from a prefill pool (row space) to a
+decode pool (elastic) in another process, which frees it after each arrival
+and forgets its cache, so every round moves every byte. "Raw" writes the same
+number of bytes from one contiguous registered buffer into one of the
+receiver's, with the same slicing and batching (TransferEndpoint.write).
+Rounds alternate raw and ukv_torch. Each transferred sequence is checked:
+the receiver's gather_sequence of it must hash like the sender's. Two ways:
+"staged" (both sides through a registered buffer: gather, one long write,
+scatter) and "direct" (every row written straight into the receiver's rows:
+~150 requests of a few KiB per block, which TCP moves at ~17K a second).
+
+Reports, medians over the rounds: GB/s of the whole send (offer to
+acknowledgement) and of its write phase, beside raw; host cost per sequence
+on each side (describing, checking and joining rows; admitting and staging).
+
+Run: python benchmarks/bench_disagg.py [--rounds N]  (prints a markdown table)
+"""
+import argparse
+import hashlib
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+from ukv_torch import (KvManager, MODEL_PRESETS, ModelKvSpec, ServeConfig, allocate_unified_kv, apply_row_copies,
+                       gather_sequence, plan_kv_layout, transfer_bytes)
+from ukv_torch.disagg import Arrival, Channel, KvReceiver, KvSender, TransferEndpoint
+
+TOKENS = {"32K": 32 * 1024, "128K": 128 * 1024}
+MAX_TOKENS = max(TOKENS.values()) + 256
+
+
+def side(layout: str):
+    config = ServeConfig(layout=layout, window=128, max_num_seqs=2, max_num_batched_tokens=8192,
+                         max_blocks_per_seq=MAX_TOKENS // 128 + 2, swa_page_tokens=64 if layout == "row_space" else 0)
+    model = ModelKvSpec(layer_ratios=MODEL_PRESETS["v4-pro"])
+    plan = plan_kv_layout(1 << 30, model, config)
+    kv = allocate_unified_kv(plan)
+    return plan, kv, KvManager(plan)
+
+
+def digest(plan, kv, mgr, seq_id) -> str:
+    export = mgr.describe_sequence(seq_id)
+    buffer = torch.empty(transfer_bytes(plan, kv, export), dtype=torch.uint8)
+    gather_sequence(plan, kv, export, buffer)
+    return hashlib.blake2b(buffer.numpy(), digest_size=16).hexdigest()
+
+
+def receiver_process(report_port: int, staged: bool) -> None:
+    """The decode side: prints where it listens, then serves until told to stop."""
+    plan, kv, mgr = side("elastic")
+    endpoint, raw = endpoint_and_raw_buffer(plan, kv)
+    receiver = KvReceiver(mgr, plan, kv, endpoint, timeout_s=120, staging_bytes=raw.numel() if staged else 0)
+    report_to = None
+    print("READY", *receiver.address, endpoint.name, raw.data_ptr(), flush=True)
+    while True:
+        for event in receiver.poll(0.05):
+            assert isinstance(event, Arrival), event
+            report_to = report_to or Channel.connect(("127.0.0.1", report_port), 30)
+            report_to.send(dict(digest=digest(plan, kv, mgr, event.seq_id), host=receiver.host_seconds))
+            receiver.host_seconds = 0.0
+            mgr.deallocate(event.seq_id)
+            mgr.clear_cache()
+        if report_to is not None and _stopped(report_to):
+            return
+
+
+def _stopped(channel) -> bool:
+    import select
+    return bool(select.select([channel.sock], [], [], 0)[0])
+
+
+def prefill(plan, kv, mgr, seq_id, prompt) -> None:
+    """The prompt in chunks of a step's token budget, the row space's moves applied each step."""
+    assert mgr.allocate(seq_id, prompt) == 0
+    step = plan.config.max_num_batched_tokens
+    for start in range(0, len(prompt), step):
+        n = min(step, len(prompt) - start)
+        mgr.ensure_for_tokens([seq_id], [n])
+        mgr.stage([seq_id])
+        mgr.upload(1)
+        if kv.planes:
+            apply_row_copies(list(kv.planes), mgr.row_copies, mgr.row_copy_counts)
+        mgr.commit_prefill([seq_id], [n])
+    mgr.commit_prefill([seq_id], [0], [5])
+
+
+def endpoint_and_raw_buffer(plan, kv):
+    """A transfer engine and, registered with it, a buffer for the raw writes (the largest sequence's bytes)."""
+    endpoint = TransferEndpoint()
+    raw = torch.zeros(max_bytes(plan, kv), dtype=torch.uint8)
+    endpoint.register([(raw.data_ptr(), raw.numel())])
+    return endpoint, raw
+
+
+def max_bytes(plan, kv) -> int:
+    """Bytes of the largest sequence's transfer."""
+    mgr = KvManager(plan)
+    prefill(plan, kv, mgr, 0, list(range(max(TOKENS.values()))))
+    return transfer_bytes(plan, kv, mgr.describe_sequence(0))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--modes", default="staged,direct", help="staged (both sides stage), direct, or both")
+    args = parser.parse_args()
+    plan, kv, mgr = side("row_space")
+    for t in kv.planes:  # random bytes, so a row in the wrong place shows in the digest
+        t.view(torch.uint8).random_(0, 256, generator=torch.Generator().manual_seed(t.numel()))
+    rows = ["| rows | sequence | MiB | send GB/s | write GB/s | raw GB/s | send % of raw | write % of raw | "
+            "sender host ms | receiver host ms | send ms |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for mode in args.modes.split(","):
+        rows += run(plan, kv, mgr, mode == "staged", args.rounds)
+    print("\n".join(rows))
+
+
+def run(plan, kv, mgr, staged: bool, rounds: int):
+    reports = socket.create_server(("127.0.0.1", 0))
+    peer = subprocess.Popen([sys.executable, __file__, "--receiver", str(reports.getsockname()[1]), str(int(staged))],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    rows = []
+    try:
+        _, host, port, engine_name, raw_address = peer.stdout.readline().split()
+        endpoint, raw = endpoint_and_raw_buffer(plan, kv)
+        sender = KvSender(mgr, plan, kv, endpoint, timeout_s=120, staging_bytes=raw.numel() if staged else 0)
+        reports_channel = None
+        rng = np.random.default_rng(0)
+        for name, tokens in TOKENS.items():
+            sends, writes, raws, sender_host, receiver_host = [], [], [], [], []
+            for r in range(rounds):
+                seq_id = len(sends) + 100 * r
+                prompt = rng.integers(0, 32000, tokens).tolist()
+                prefill(plan, kv, mgr, seq_id, prompt)
+                expected = digest(plan, kv, mgr, seq_id)
+                nbytes = transfer_bytes(plan, kv, mgr.describe_sequence(seq_id))
+                started = time.perf_counter()
+                assert endpoint.write(engine_name, np.array([[raw.data_ptr(), int(raw_address), nbytes]]))
+                raws.append(nbytes / (time.perf_counter() - started))
+                started = time.perf_counter()
+                result = sender.send(seq_id, (host, int(port)))
+                elapsed = time.perf_counter() - started
+                assert result.status == "sent" and result.nbytes == nbytes, result
+                reports_channel = reports_channel or Channel(reports.accept()[0])
+                report = reports_channel.receive(120)
+                assert report["digest"] == expected, "the receiver's bytes differ"
+                sends.append(nbytes / elapsed)
+                writes.append(nbytes / result.write_seconds)
+                sender_host.append(result.host_seconds)
+                receiver_host.append(report["host"])
+            m = statistics.median
+            rows.append(f"| {'staged' if staged else 'direct'} | {name} tokens | {nbytes / 2**20:.0f} | {m(sends) / 1e9:.2f} | {m(writes) / 1e9:.2f} | "
+                        f"{m(raws) / 1e9:.2f} | {100 * m(sends) / m(raws):.0f}% | {100 * m(writes) / m(raws):.0f}% | "
+                        f"{1e3 * m(sender_host):.1f} | {1e3 * m(receiver_host):.1f} | {1e3 * nbytes / m(sends):.0f} |")
+        reports_channel.send(dict(stop=True))
+        sender.close()
+        endpoint.close()
+    finally:
+        try:
+            peer.wait(60)
+        except subprocess.TimeoutExpired:
+            peer.kill()
+        reports.close()
+    return rows
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--receiver":
+        receiver_process(int(sys.argv[2]), sys.argv[3] == "1")
+    else:
+        main()
