@@ -50,7 +50,7 @@ def side(layout: str):
 def digest(plan, kv, mgr, seq_id) -> str:
     export = mgr.describe_sequence(seq_id)
     buffer = torch.empty(transfer_bytes(plan, kv, export), dtype=torch.uint8)
-    gather_sequence(plan, kv, export, buffer)
+    gather_sequence(plan, kv, export, buffer, manager=mgr)
     return hashlib.blake2b(buffer.numpy(), digest_size=16).hexdigest()
 
 

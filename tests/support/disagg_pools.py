@@ -30,7 +30,7 @@ class Pool(NamedTuple):
     def sequence_bytes(self, seq_id: int) -> torch.Tensor:
         export = self.mgr.describe_sequence(seq_id)
         buffer = torch.empty(transfer_bytes(self.plan, self.kv, export), dtype=torch.uint8)
-        gather_sequence(self.plan, self.kv, export, buffer)
+        gather_sequence(self.plan, self.kv, export, buffer, manager=self.mgr)
         return buffer
 
 

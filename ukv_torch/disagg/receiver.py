@@ -185,7 +185,7 @@ class KvReceiver:
             return Abort(seq_id, reason)
         started, nbytes = time.perf_counter(), transfer_bytes(self.plan, self.kv, mine)
         if self._staging is not None and nbytes <= self._staging.numel():
-            scatter_sequence(self.plan, self.kv, mine, self._staging[:nbytes], cached)
+            scatter_sequence(self.plan, self.kv, mine, self._staging[:nbytes], cached, manager=self.mgr)
         self.host_seconds += time.perf_counter() - started
         try:
             channel.send(dict(type="ack", xfer=xfer, status="started"))

@@ -113,7 +113,7 @@ class KvSender:
             raise ValueError(f"size mismatch: the receiver's rows hold {int(destination[:, 2].sum())} bytes, "
                              f"the sequence {int(held[:, 2].sum())} beyond its cached prefix")
         if self._staging is not None and nbytes <= self._staging.numel():  # else straight from the rows
-            gather_sequence(self.plan, self.kv, export, self._staging[:nbytes])
+            gather_sequence(self.plan, self.kv, export, self._staging[:nbytes], manager=self.mgr)
             held = staged(held, self._staging)
         return join(held, destination)
 
