@@ -12,9 +12,10 @@ BS = 128
 
 
 class Pool:
-    def __init__(self, layout, page=32, model=MODEL):
+    def __init__(self, layout, page=32, model=MODEL, max_num_batched_tokens=512):
         config = ServeConfig(layout=layout, window=128, mtp_k=2, max_num_seqs=4, max_blocks_per_seq=8,
-                             max_num_batched_tokens=512, swa_page_tokens=page if layout == "row_space" else 0)
+                             max_num_batched_tokens=max_num_batched_tokens,
+                             swa_page_tokens=page if layout == "row_space" else 0)
         self.plan = plan_kv_layout(2 << 20, model, config)
         self.kv = allocate_unified_kv(self.plan)
         self.mgr = KvManager(self.plan)
