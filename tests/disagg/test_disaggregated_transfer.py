@@ -251,3 +251,19 @@ def test_a_receiver_that_dies_fails_the_send_in_bounded_time(endpoints, free_on_
     assert a.mgr.has_sequence(SENT) != free_on_failure
     assert dying.wait(BOUND_S) == 3
     sender.close()
+
+
+@pytest.mark.parametrize("receiver_seq_id", [-5, 20])
+def test_an_id_the_receiver_cannot_take_is_refused_by_name(endpoints, receiver_seq_id):
+    a, b = pool("row_space", seed=1), pool("elastic", seed=2)
+    prefill(a, SENT, prompt(700))
+    prefill(b, 20, prompt(300, seed=20))  # 20 is live on the receiver
+    before, gauges = b.snapshot(), counts(b)
+    sender, receiver = sides(endpoints, a, b)
+    served = Served(receiver)
+    with pytest.raises(ValueError, match="the receiver refused sequence 1: .*(sequence ids must be >= 0|live here: True)"):
+        sender.send(SENT, receiver.address, receiver_seq_id)
+    assert served.stop() == []
+    assert a.mgr.has_sequence(SENT) and b.unchanged_since(before) and counts(b) == gauges
+    receiver.close()
+    sender.close()

@@ -118,10 +118,10 @@ class KvReceiver:
             if xfer in self._finished:
                 raise ValueError(f"transfer {xfer} already ended here: a replayed offer starts nothing")
             export = self._export(offer)
+            cached = self.mgr.import_sequence(seq_id, export)  # ValueError for what it refuses (a bad id, ...)
         except ValueError as e:
             channel.send(dict(type="error", xfer=xfer, reason=str(e)))
             return None
-        cached = self.mgr.import_sequence(seq_id, export)
         if cached < 0:  # NOT_NOW / NEVER_FITS: nothing changed here, the sender keeps the sequence
             channel.send(dict(type="refused", xfer=xfer, answer=cached))
             return None
