@@ -266,3 +266,19 @@ def test_a_receiver_that_dies_fails_the_send_in_bounded_time(endpoints, free_on_
     assert dying.wait(BOUND_S) == 3
     sender.close()
 
+
+
+def test_a_malformed_message_is_answered_and_changes_nothing(endpoints):
+    from ukv_torch.disagg import Channel, KvReceiver
+    b = pool("elastic", seed=2)
+    gauges, kv = counts(b), b.snapshot()
+    receiver = KvReceiver(b.mgr, b.plan, b.kv, endpoints[1], timeout_s=5)
+    peer_channel = Channel.connect(receiver.address, BOUND_S)
+    for message, reason in ((dict(type="offer", xfer="x", seq_id=3), "KeyError"),
+                            (dict(type="offer", xfer="y", seq_id=3, geometry=7), "TypeError"),
+                            (dict(type="hello"), "unexpected message 'hello'")):
+        events, answer = answer_to(receiver, peer_channel, message)
+        assert not events and answer["type"] == "error" and reason in answer["reason"]
+    assert counts(b) == gauges and b.unchanged_since(kv)
+    peer_channel.close()
+    receiver.close()
