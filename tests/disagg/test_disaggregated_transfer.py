@@ -112,18 +112,32 @@ def test_a_refusal_moves_nothing_and_the_sender_keeps_the_sequence(endpoints, re
     sender.close()
 
 
-def test_another_model_geometry_is_refused_by_name(endpoints):
-    a, b = pool("elastic", seed=1), pool("elastic", seed=2, budget=4 << 20, model=MODEL.replace(head_dim=32))
+def assert_refused_by_name(endpoints, a, b, match, receiver_seq_id=RECEIVED):
+    """The receiver answers the offer with an error: ValueError on the sender, nothing written,
+    the sequence kept, the receiver's pool as it was."""
     prefill(a, SENT, prompt(700))
     before, gauges = b.snapshot(), counts(b)
     sender, receiver = sides(endpoints, a, b)
     served = Served(receiver)
-    with pytest.raises(ValueError, match="other model geometry"):
-        sender.send(SENT, receiver.address, RECEIVED)
+    with pytest.raises(ValueError, match=match):
+        sender.send(SENT, receiver.address, receiver_seq_id)
     assert served.stop() == []
     assert a.mgr.has_sequence(SENT) and b.unchanged_since(before) and counts(b) == gauges
     receiver.close()
     sender.close()
+
+
+def test_another_model_geometry_is_refused_by_name(endpoints):
+    b = pool("elastic", seed=2, budget=4 << 20, model=MODEL.replace(head_dim=32))
+    assert_refused_by_name(endpoints, pool("elastic", seed=1), b, "other model geometry")
+
+
+@pytest.mark.parametrize("receiver_seq_id, match", [(-5, "sequence ids must be >= 0"), (20, "live here: True")])
+def test_an_id_the_receiver_cannot_take_is_refused_by_name(endpoints, receiver_seq_id, match):
+    b = pool("elastic", seed=2)
+    prefill(b, 20, prompt(300, seed=20))  # 20 is live on the receiver
+    assert_refused_by_name(endpoints, pool("row_space", seed=1), b, "the receiver refused sequence 1: .*" + match,
+                           receiver_seq_id)
 
 
 def shifted_outside(runs, memory):
@@ -251,3 +265,20 @@ def test_a_receiver_that_dies_fails_the_send_in_bounded_time(endpoints, free_on_
     assert a.mgr.has_sequence(SENT) != free_on_failure
     assert dying.wait(BOUND_S) == 3
     sender.close()
+
+
+
+def test_a_malformed_message_is_answered_and_changes_nothing(endpoints):
+    from ukv_torch.disagg import Channel, KvReceiver
+    b = pool("elastic", seed=2)
+    gauges, kv = counts(b), b.snapshot()
+    receiver = KvReceiver(b.mgr, b.plan, b.kv, endpoints[1], timeout_s=5)
+    peer_channel = Channel.connect(receiver.address, BOUND_S)
+    for message, reason in ((dict(type="offer", xfer="x", seq_id=3), "KeyError"),
+                            (dict(type="offer", xfer="y", seq_id=3, geometry=7), "TypeError"),
+                            (dict(type="hello"), "unexpected message 'hello'")):
+        events, answer = answer_to(receiver, peer_channel, message)
+        assert not events and answer["type"] == "error" and reason in answer["reason"]
+    assert counts(b) == gauges and b.unchanged_since(kv)
+    peer_channel.close()
+    receiver.close()

@@ -13,6 +13,10 @@ import pytest
 
 from ukv_torch.tiers.mooncake_master import MooncakeMaster
 
+# Mooncake logs every connection and segment at INFO; the tests' output keeps its errors only
+# (read when Mooncake starts, so set before any test makes a client or an engine).
+os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+
 
 def require_mooncake() -> None:
     if importlib.util.find_spec("mooncake") is not None:

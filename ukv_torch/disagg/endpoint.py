@@ -1,15 +1,14 @@
 """One process's Mooncake transfer engine: the memory it registered and the
 writes it makes into a peer's registered memory.
 
-Peers find each other by name ("host:port", the engine's own RPC port) with
-Mooncake's P2P handshake, so no metadata server is needed. Over TCP the
+Peers find each other by name ("hostname:port", the engine's own RPC port)
+with Mooncake's P2P handshake, so no metadata server is needed. Over TCP the
 engine moves a batch's requests on parallel lanes, so long writes are cut
 into slices and a transfer is submitted in batches no larger than its
 per-peer queue.
 """
 from __future__ import annotations
 
-import os
 from typing import List, Tuple
 
 import numpy as np
@@ -33,8 +32,6 @@ class TransferEndpoint:
                 raise ValueError(f"TransferEndpoint: {argument} must be a non-empty string, got {value!r}")
         from mooncake.engine import TransferEngine  # the optional extra
 
-        # The engine otherwise binds its RPC to the first LAN address it finds.
-        os.environ.setdefault("MC_TCP_BIND_ADDRESS", hostname)
         engine = TransferEngine()
         rc = engine.initialize(hostname, "P2PHANDSHAKE", protocol, device_names)
         if rc != 0:

@@ -113,15 +113,15 @@ class KvReceiver:
 
     def _offer(self, channel: Channel, offer: dict):
         started = time.perf_counter()
-        xfer, seq_id = offer["xfer"], offer["seq_id"]
+        xfer, seq_id = offer.get("xfer"), offer.get("seq_id")
         try:
             if xfer in self._finished:
                 raise ValueError(f"transfer {xfer} already ended here: a replayed offer starts nothing")
             export = self._export(offer)
-        except ValueError as e:
-            channel.send(dict(type="error", xfer=xfer, reason=str(e)))
+            cached = self.mgr.import_sequence(seq_id, export)  # ValueError for what it refuses (a bad id, ...)
+        except (ValueError, KeyError, TypeError) as e:  # KeyError, TypeError: a malformed offer
+            channel.send(dict(type="error", xfer=xfer, reason=f"{type(e).__name__}: {e}"))
             return None
-        cached = self.mgr.import_sequence(seq_id, export)
         if cached < 0:  # NOT_NOW / NEVER_FITS: nothing changed here, the sender keeps the sequence
             channel.send(dict(type="refused", xfer=xfer, answer=cached))
             return None

@@ -85,8 +85,8 @@ class KvSender:
             raise ValueError(f"the receiver refused sequence {seq_id}: {answer.get('reason', answer.get('type'))}")
         try:
             writes = self._writes(export, answer, nbytes)
-        except ValueError:
-            self._tell(receiver, dict(type="abort", xfer=xfer, reason="the receiver's rows were refused"))
+        except Exception as e:  # whatever stops the write, the receiver's admission must be undone
+            self._tell(receiver, dict(type="abort", xfer=xfer, reason=f"the sender gave up: {e}"))
             raise
         written = time.perf_counter()
         host += written - answered
