@@ -19,9 +19,11 @@ formulas of upstream's index builders. Common conventions:
 - GPU calls enqueue their kernels (one, or one per copy phase for
   apply_row_copies) on the current stream, allocate nothing and never
   synchronise: every op can be captured in a CUDA graph.
-- These are the low-level layer: the layout's constants are arguments, and a
-  table is only int32 ids, so a constant left at its slot-layout default
-  with a row-space table gives wrong rows, not an error.
+- These are the low-level layer: the layout's constants are arguments. Given
+  a view of a manager's staged tables, an op refuses an SWA page or (row
+  space) a block stride other than the layout they were staged in; a table
+  elsewhere is only int32 ids, and a constant left at its slot-layout
+  default with a row-space table gives wrong rows, not an error.
   :class:`ukv_torch.KvStepOps` passes every constant from the plan.
 """
 from typing import List, Optional
@@ -269,7 +271,8 @@ def swa_slot_mapping(
     Given ``swa_rows`` the page size is its first value and ``block_size``
     only checks the pair: a page that does not divide ``block_size`` is a
     ValueError. Without it the slot layouts' formula (pages of ``block_size``
-    tokens) is used, which the op cannot tell is wrong for a row-space table.
+    tokens) is used: refused for a view of a row-space manager's staged
+    tables, not detectable for a table elsewhere.
     """
 
 

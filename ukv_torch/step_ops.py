@@ -3,9 +3,10 @@ never passes a layout constant by hand.
 
 The raw ops (``ukv_torch.ops``) take the layout's constants as arguments
 (``block_size``, the per-class ``swa_rows``, ``compress_base``,
-``block_stride``, the window), and a table is only int32 ids: an op cannot
-tell a row-space table from a slot-layout one, so a forgotten constant gives
-wrong rows, not an error. ``KvStepOps`` is made once from the plan (with the
+``block_stride``, the window). They refuse a constant that does not fit a
+manager's staged tables, but a table elsewhere is only int32 ids, and a
+compress view's tensor does not say its layout: there a forgotten constant
+gives wrong rows, not an error. ``KvStepOps`` is made once from the plan (with the
 KV tensors and the manager where a method needs them) and fills in every
 constant and staged table, in the spirit of FlashInfer's plan/run wrappers.
 Its methods only call the raw ops with those constants: they allocate

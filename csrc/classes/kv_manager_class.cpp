@@ -42,7 +42,8 @@ void KvManagerHolder::make_stager() {
   const StagedTablesShape shape = staged_tables_shape(c);
   const RowSpace* rows = manager_->row_space();
   stager_ = std::make_unique<TableStager>(shape.rows, shape.tables, shape.cols, rows ? rows->max_copies() : 0,
-                                          parse_device(device_));
+                                          parse_device(device_),
+                                          StagedLayout{c.swa_page(), rows ? manager_->pools().envelope_rows : 0});
 }
 
 int64_t KvManagerHolder::can_allocate(const at::Tensor& tokens, int64_t salt, int64_t loaded_tokens) {

@@ -22,7 +22,7 @@ bool capturing() {
 }  // namespace
 
 TableStager::TableStager(int64_t max_num_seqs, int64_t num_tables, int64_t columns, int64_t max_copies,
-                         std::optional<at::Device> device)
+                         std::optional<at::Device> device, StagedLayout layout)
     : device_opt_(device) {
   const bool on_device = device.has_value() && !device->is_cpu();
   const auto host_buffer = [&](std::vector<int64_t> shape) {
@@ -37,6 +37,13 @@ TableStager::TableStager(int64_t max_num_seqs, int64_t num_tables, int64_t colum
   copies_device_ = device_buffer({max_copies, 3});
   counts_host_ = host_buffer({RowSpace::kMaxCopyPhases});
   counts_device_ = device_buffer({RowSpace::kMaxCopyPhases});
+  for (const at::Tensor* t : {&host_, &device_})
+    if (t->defined() && t->storage().data() != nullptr) register_staged_tables(t->storage().data(), layout);
+}
+
+TableStager::~TableStager() {
+  for (const at::Tensor* t : {&host_, &device_})
+    if (t->defined() && t->storage().data() != nullptr) unregister_staged_tables(t->storage().data());
 }
 
 void TableStager::wait_until_writable() {

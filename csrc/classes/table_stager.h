@@ -12,6 +12,9 @@
 // contiguous range, so the tables' upload is a single non-blocking copy. The
 // host never rewrites pinned memory while a copy may still read it: stage()
 // first waits for the event recorded after the last upload.
+// While it lives, both table buffers are registered with their layout
+// (ops/staged_layouts.h), so the index ops check the constants they are
+// given against the tables they read.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -19,12 +22,17 @@
 
 #include <optional>
 
+#include "ops/staged_layouts.h"
+
 namespace ukv::ops {
 
 class TableStager {
  public:
   TableStager(int64_t max_num_seqs, int64_t num_tables, int64_t columns, int64_t max_copies,
-              std::optional<at::Device> device);
+              std::optional<at::Device> device, StagedLayout layout);
+  ~TableStager();
+  TableStager(const TableStager&) = delete;  // the registration names this object's buffers
+  TableStager& operator=(const TableStager&) = delete;
 
   const at::Tensor& host() const { return host_; }
   // The tables kernels read: the device mirror, or the host buffer without a device.

@@ -8,6 +8,7 @@
 #include "core/common/errors.h"
 #include "core/config/sizing.h"
 #include "ops/host_list_checks.h"
+#include "ops/staged_layouts.h"
 
 namespace ukv::ops {
 namespace {
@@ -141,6 +142,31 @@ class ArgChecker {
                       b.page.value, ", ", b.unit_rows, ")");
   }
 
+  // A view of a manager's staged tables is read with the layout it was staged
+  // in: the SWA page of its 'swa' table (None is the slot layouts' page of
+  // block_size tokens).
+  void staged_page(const at::Tensor& table, const char* table_name, const kernels::SwaRows& rows,
+                   const std::optional<std::vector<int64_t>>& given, const char* rows_name) const {
+    const std::optional<StagedLayout> staged = staged_layout(table.storage().data());
+    if (!staged || staged->swa_page == rows.page.value) return;
+    TORCH_CHECK_VALUE(false, op_, ": ", table_name, " is a KV manager's staged table of ", staged->swa_page,
+                      "-token SWA pages, but ", rows_name,
+                      given ? " gives pages of " : " is None (the slot layouts' pages of block_size: ",
+                      rows.page.value, given ? " tokens" : " tokens)",
+                      ": pass KvPlan.swa_rows(ratio) of its plan, or use ukv_torch.KvStepOps");
+  }
+
+  // ... and a row-space manager's compress tables with the envelope as the block stride.
+  void staged_stride(const at::Tensor& table, const char* table_name, int32_t stride,
+                     const std::optional<int64_t>& given, const char* stride_name) const {
+    const std::optional<StagedLayout> staged = staged_layout(table.storage().data());
+    if (!staged || staged->envelope_rows == 0 || staged->envelope_rows == stride) return;
+    TORCH_CHECK_VALUE(false, op_, ": ", table_name, " is a row-space KV manager's staged table of ",
+                      staged->envelope_rows, "-row envelopes, but ", stride_name, " is ", stride,
+                      given ? "" : " (None: k)",
+                      ": pass KvPlan.compress_args(ratio) of its plan, or use ukv_torch.KvStepOps");
+  }
+
   int32_t num_tokens(const at::Tensor& batch_id) {
     on_device(batch_id, "batch_id");
     int32_dtype(batch_id, "batch_id");
@@ -205,6 +231,7 @@ kernels::CsaTranslatePackParams check(c10::DeviceType device_type, const CsaTran
   p.block_stride = c.block_stride(block_stride, p.rows_per_block.value, "block_stride");
   p.table = c.table(block_table, "block_table", -1);
   c.table_entries_fit(p.table, "block_table", p.rows_per_block.value);
+  c.staged_stride(block_table, "block_table", p.block_stride, block_stride, "block_stride");
   p.positions = c.positions(positions, p.num_tokens);
   p.out = c.sliced_output(kv_indptr, "kv_indptr", kv_indices, "kv_indices", p.num_tokens);
   p.compress_base = c.scalar(compress_base, "compress_base", 0);
@@ -246,6 +273,7 @@ kernels::PagedDecodeParams check(c10::DeviceType device_type, const PagedDecodeI
   // constants are not used, whatever they are).
   if (csa_indices.has_value()) c.same_units(p.swa_rows[0], p.swa_rows[1], "csa_swa_rows");
   if (hca_indices.has_value()) c.same_units(p.swa_rows[0], p.swa_rows[2], "hca_swa_rows");
+  c.staged_page(swa_block_table, "swa_block_table", p.swa_rows[0], swa_rows, "swa_rows");
   return p;
 }
 
@@ -259,6 +287,7 @@ kernels::HcaDecodeParams check(c10::DeviceType device_type, const HcaDecodeIndic
   p.block_stride = c.block_stride(block_stride, p.rows_per_block.value, "block_stride");
   p.table = c.table(hca_block_table, "hca_block_table", -1);
   c.table_entries_fit(p.table, "hca_block_table", p.rows_per_block.value);
+  c.staged_stride(hca_block_table, "hca_block_table", p.block_stride, block_stride, "block_stride");
   p.n_committed = c.vector(n_committed_hca, "n_committed_hca", p.table.rows);
   p.out = c.sliced_output(hca_indptr, "hca_indptr", hca_indices, "hca_indices", p.num_tokens);
   p.compress_base = c.scalar(compress_base, "compress_base", 0);
@@ -292,6 +321,8 @@ kernels::PagedPrefillParams check(c10::DeviceType device_type, const PagedPrefil
   p.swa_rows[2] = c.swa_rows(hca_swa_rows, "hca_swa_rows", block_size);
   c.same_units(p.swa_rows[0], p.swa_rows[1], "csa_swa_rows");
   c.same_units(p.swa_rows[0], p.swa_rows[2], "hca_swa_rows");
+  c.staged_page(swa_block_table, "swa_block_table", p.swa_rows[0], swa_rows, "swa_rows");
+  c.staged_stride(hca_block_table, "hca_block_table", p.hca_block_stride, hca_block_stride, "hca_block_stride");
   p.hca_ratio = static_cast<int32_t>(compress_ratio);
   return p;
 }
@@ -348,6 +379,7 @@ kernels::SwaSlotMappingParams check(c10::DeviceType device_type, const SwaSlotMa
   p.swa_table = c.table(swa_block_table, "swa_block_table", -1);
   p.out = c.vector(slot_mapping, "slot_mapping", p.num_tokens);
   p.swa_rows = c.swa_rows(swa_rows, "swa_rows", block_size);
+  c.staged_page(swa_block_table, "swa_block_table", p.swa_rows, swa_rows, "swa_rows");
   return p;
 }
 

@@ -99,3 +99,47 @@ def test_raw_constants_that_cannot_belong_together_are_refused(rows, fragment):
     with pytest.raises(ValueError, match=f"^swa_slot_mapping: swa_rows: {fragment}"):
         ukv_torch.swa_slot_mapping(table, torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int32), out,
                                    block_size=pool.plan.config.block_size, swa_rows=rows)
+
+
+def decode_args(pool, contexts):
+    positions = torch.tensor(contexts, dtype=torch.int64)
+    batch_id = torch.arange(len(contexts), dtype=torch.int32)
+    indptr = torch.arange(0, 128 * (len(contexts) + 1), 128, dtype=torch.int32)
+    return positions, batch_id, indptr, torch.full((128 * len(contexts),), -7, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("op", ["swa_slot_mapping", "paged_decode_indices", "hca_decode_indices",
+                                "csa_translate_pack"])
+def test_a_forgotten_row_space_constant_with_the_managers_tables_is_refused(op):
+    """swa_slot_mapping returned -1 for every token, paged_decode_indices built 128
+    of 128 wrong rows, the compress ops read blocks k rows apart instead of an
+    envelope apart. A copy of the tables cannot be checked (only int32 ids)."""
+    pool = Pool("row_space")
+    prefilled(pool, 1, 600)
+    tables = staged(pool, [1])
+    cfg = pool.plan.config
+    positions, batch_id, indptr, out = decode_args(pool, [600])
+    bs = cfg.block_size
+
+    def call(t):
+        if op == "swa_slot_mapping":
+            ukv_torch.swa_slot_mapping(t[:, ukv_torch.table_index(cfg, "swa")], positions, batch_id,
+                                       torch.empty(1, dtype=torch.int32), block_size=bs)
+        elif op == "paged_decode_indices":
+            ukv_torch.paged_decode_indices(t[:, ukv_torch.table_index(cfg, "swa")], positions, batch_id, indptr,
+                                           out, window=cfg.window, block_size=bs)
+        elif op == "hca_decode_indices":
+            ukv_torch.hca_decode_indices(t[:, ukv_torch.table_index(cfg, 128)], batch_id,
+                                         torch.tensor([4], dtype=torch.int32), indptr, out, compress_base=0,
+                                         compress_ratio=128, block_size=bs)
+        else:
+            ukv_torch.csa_translate_pack(torch.zeros(1, 8, dtype=torch.int32), t[:, ukv_torch.table_index(cfg, 4)],
+                                         positions, batch_id, indptr, out, compress_base=0, window=cfg.window,
+                                         block_size=bs)
+
+    page_or_stride = (r"is a KV manager's staged table of 32-token SWA pages, but swa_rows is None" if "swa" in op
+                      or "paged" in op else rf"is a row-space KV manager's staged table of "
+                      rf"{pool.plan.pools.envelope_rows}-row envelopes, but block_stride is \d+ \(None: k\)")
+    with pytest.raises(ValueError, match=rf"^{op}: \w+ {page_or_stride}"):
+        call(tables)
+    call(tables.clone())  # not the manager's buffer: only ids, not checked (documented)
