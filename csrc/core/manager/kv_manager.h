@@ -219,7 +219,10 @@ class KvManager {
   const RowSpace* row_space() const { return rows_.get(); }
   // Row-space layout: the row copies since the last call (units moved to make
   // room), to apply before the step that reads the rows. Empty otherwise.
-  std::vector<RowCopy> take_copies() { return rows_ ? rows_->take_copies() : std::vector<RowCopy>{}; }
+  std::vector<RowCopy> take_copies() {
+    load_moves_ = 0;
+    return rows_ ? rows_->take_copies() : std::vector<RowCopy>{};
+  }
   const LogicalBlocks& logical_blocks() const { return logical_; }
 
   void check_invariants() const;
@@ -383,6 +386,7 @@ class KvManager {
   // binds its blocks' envelopes when ensure_for_tokens reaches them).
   int64_t envelopes_reserved_ = 0;
   std::vector<int64_t> row_seq_, row_len_;           // staging rows: sequence and length last written
+  int64_t load_moves_ = 0;                           // row space: pending copies loads made (their share)
   KvManagerStats stats_;
   mutable uint64_t batch_mark_ = 0;
 };

@@ -37,7 +37,11 @@ int64_t KvManager::missing_swa_pages(const Sequence& s, int64_t num_new_tokens) 
 }
 
 int64_t KvManager::prefill_copy_room() const {
-  return rows_->max_copies() - decode_copy_share(serve_, pools_) - rows_->pending_copies();
+  // The loads' share and their moves are apart (kv_manager_tiers.cpp); a move
+  // a later unbind cancelled may have been one of theirs.
+  const int64_t pending = rows_->pending_copies();
+  return rows_->max_copies() - decode_copy_share(serve_, pools_) - prefill_copy_share(serve_, pools_) -
+         (pending - std::min(load_moves_, pending));
 }
 
 int64_t KvManager::chunk_units(const Sequence& s, int64_t num_new_tokens) const {
