@@ -133,6 +133,7 @@ def adopt(model, state):
     model.events.next_seq_no = r.next()
     model.events.events = read_events(r)
     model.stat = dict(zip(STAT_ORDER, r.take(len(STAT_ORDER))))
+    assert r.next() == 0, "the manager has row copies made by KV tier loads, which the model does not make"
     assert r.pos == len(state), "the manager's state has more than adopt() reads"
     assert pools.total_rows == model.rows.total_rows
 

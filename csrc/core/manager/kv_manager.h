@@ -225,6 +225,7 @@ class KvManager {
   // room), to apply before the step that reads the rows. Empty otherwise.
   std::vector<RowCopy> take_copies() {
     step_decode_copies_ = 0;
+    load_moves_ = 0;
     return rows_ ? rows_->take_copies() : std::vector<RowCopy>{};
   }
   const LogicalBlocks& logical_blocks() const { return logical_; }
@@ -397,6 +398,7 @@ class KvManager {
   // out of the decode share, so the prefill share stays whole for the chunks.
   int64_t step_decode_copies_ = 0;
   std::vector<int64_t> row_seq_, row_len_;           // staging rows: sequence and length last written
+  int64_t load_moves_ = 0;                           // row space: pending copies loads made (their share)
   KvManagerStats stats_;
   mutable uint64_t batch_mark_ = 0;
 };

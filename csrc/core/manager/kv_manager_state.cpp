@@ -156,6 +156,7 @@ std::vector<int64_t> KvManager::to_state() const {
                     stats_.prefix_query_blocks, stats_.compressed_hit_blocks, stats_.prefix_hit_blocks,
                     stats_.reclaimed_slots, stats_.reclaimed_blocks, stats_.compress_evictions, stats_.whole_chunks})
     w.put(v);
+  w.put(load_moves_);
   return st;
 }
 
@@ -230,6 +231,9 @@ std::unique_ptr<KvManager> KvManager::from_state(const std::vector<int64_t>& st)
                      &sx.compressed_hit_blocks, &sx.prefix_hit_blocks, &sx.reclaimed_slots, &sx.reclaimed_blocks,
                      &sx.compress_evictions, &sx.whole_chunks})
     *f = r.next();
+  m->load_moves_ = r.next();
+  r.check(m->load_moves_ >= 0 && (m->rows_ ? m->load_moves_ <= prefill_copy_share(serve, pools) : m->load_moves_ == 0),
+          "bad count of pending copies made by loads ", m->load_moves_);
   r.finish();
   if (m->coord_) {  // derived maps: reverse bindings and live counts per shared slot
     for (int64_t b = 0; b < pools.num_logical_blocks; ++b)

@@ -37,10 +37,14 @@ int64_t KvManager::missing_swa_pages(const Sequence& s, int64_t num_new_tokens) 
 }
 
 int64_t KvManager::prefill_copy_room() const {
-  // The decode share not yet used by this step's appends stays reserved; what
-  // they used is already among the pending copies.
-  const int64_t decode_left = std::max<int64_t>(0, decode_copy_share(serve_, pools_) - step_decode_copies_);
-  return rows_->max_copies() - decode_left - rows_->pending_copies();
+  // The decode and load shares not yet used by this step's appends and loads
+  // stay reserved; what they used is among the pending copies (a move a later
+  // unbind cancelled may have been one of theirs, so each is capped by them).
+  const int64_t pending = rows_->pending_copies();
+  const int64_t decode_left =
+      std::max<int64_t>(0, decode_copy_share(serve_, pools_) - std::min(step_decode_copies_, pending));
+  const int64_t load_left = std::max<int64_t>(0, prefill_copy_share(serve_, pools_) - std::min(load_moves_, pending));
+  return rows_->max_copies() - decode_left - load_left - pending;
 }
 
 int64_t KvManager::chunk_units(const Sequence& s, int64_t num_new_tokens) const {

@@ -41,7 +41,9 @@ int64_t KvManager::allocate_loaded(int64_t seq_id, const int32_t* tokens, int64_
   const int64_t cached = allocate(seq_id, tokens, n, salt);
   if (cached < 0 || loaded <= cached) return cached;
   Sequence& s = seq(seq_id);
+  const int64_t pending = rows_ ? rows_->pending_copies() : 0;
   apply_ensure(s, loaded - cached);
+  if (rows_) load_moves_ += std::max<int64_t>(0, rows_->pending_copies() - pending);
   // The tier objects carry the SWA rows of the window - 1 positions before
   // `loaded` (what the next chunk reads), not the rest of their pages.
   s.write_lo = std::max(s.write_lo, transfer_swa_begin(loaded));
@@ -59,7 +61,9 @@ int64_t KvManager::loadable(const int32_t* tokens, int64_t n, int64_t loaded, ui
   const int64_t bs = serve_.block_size;
   const int64_t hit = admission(tokens, n, salt).cached_blocks * bs;
   const int64_t tail_units = swa_ ? ceil_div(serve_.window - 1, page_) + 1 : 0;
-  const int64_t room_units = (prefill_copy_room() - prefill_copy_share(serve_, pools_)) / moves_per_bind(pools_);
+  const int64_t free_copies = rows_->max_copies() - decode_copy_share(serve_, pools_) - rows_->pending_copies();
+  const int64_t room = std::min(prefill_copy_share(serve_, pools_) - load_moves_, free_copies);
+  const int64_t room_units = room / moves_per_bind(pools_);
   const int64_t blocks = std::max<int64_t>(0, std::min((loaded - hit) / bs, room_units - tail_units));
   return blocks > 0 ? hit + blocks * bs : 0;
 }
