@@ -175,3 +175,14 @@ def test_saving_while_row_copies_are_pending_is_refused():
         events = e.mgr.take_events()
         live.append(seq)
     pytest.fail("no step had row copies pending: the scenario does not exercise the guard")
+
+
+def test_objects_found_in_a_later_tier_are_copied_into_the_earlier_ones():
+    far = host()
+    a, p = saved_engine("static", far)
+    near = host()
+    b = TierEngine("row_space", [near, far], seed=9)
+    assert b.tiers.admit(b.mgr, 3, p) == 5 * BS  # before any save could have written them
+    blocks, tails = object_names(a, p)
+    assert near.contains(blocks) == [True] * 5 and near.contains(tails[-1:]) == [True]
+    assert b.tiers.stats()["host_fetched_objects"] == 6  # both are HostTiers: the counter is by name

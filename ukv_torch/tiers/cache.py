@@ -11,8 +11,8 @@
   the save, a full tier evicts its least recently used objects.
 - ``admit(mgr, seq_id, tokens)`` instead of ``mgr.allocate``: the HBM hit
   is extended by the blocks that continue it in the tiers (host first, then
-  the next backend), fetched into host memory and verified before anything
-  is claimed, so a missing, truncated, foreign or corrupt object just ends
+  the next backend; what a later backend had is copied into the earlier
+  ones), fetched into host memory and verified before anything is claimed, so a missing, truncated, foreign or corrupt object just ends
   the loaded prefix there (the rest is prompt). The request is admitted with
   that prefix as computed (``KvManager.allocate(loaded_tokens=...)``: the
   same promise and refusals); the copy to the GPU starts on the side stream.
@@ -241,15 +241,22 @@ class TierCache:
         names = [key_name(k) for k in objects.keys]
         bufs = [self._object(objects, kind, off) for kind, off in zip(objects.kinds, objects.offsets)]
         good = [False] * len(names)
-        for backend in self.backends:
+        for level, backend in enumerate(self.backends):
             todo = [i for i, ok in enumerate(good) if not ok]
             if not todo:
                 break
             sizes = backend.get([names[i] for i in todo], [bufs[i] for i in todo])
+            found = []
             for i, size in zip(todo, sizes):
                 good[i] = size >= 0 and self.layout.verify(objects.kinds[i], objects.keys[i], bufs[i], size)
                 self.counters["rejected_objects"] += size >= 0 and not good[i]
                 self.counters[f"{backend.name}_fetched_objects"] += good[i]
+                if good[i]:
+                    found.append(i)
+            # Found further down: copied into the tiers searched before (a later load finds it nearer).
+            for nearer in self.backends[:level]:
+                if found:
+                    nearer.put([names[i] for i in found], [bufs[i] for i in found])
         if all(good):
             return objects, end
         self.staging.free(objects.start, objects.nbytes)
