@@ -106,18 +106,20 @@ def run_prefix(prefix: int, device, steps: int) -> dict:
     tokens = torch.randint(0, 100000, (prefix + 1,), generator=torch.Generator().manual_seed(prefix)).tolist()
     sizes = ObjectLayout(plan)
     tier_bytes = 3 * (prefix // BS + 2) * (sizes.object_bytes(0) + sizes.object_bytes(1))
-    saver = TierCache(plan, kv, [HostTier(tier_bytes)])
+    # Staging for a whole chunk's saves (every block and tail of CHUNK tokens), so none is dropped.
+    staging = 2 * (CHUNK // BS + 2) * (sizes.object_bytes(0) + sizes.object_bytes(1))
+    saver = TierCache(plan, kv, [HostTier(tier_bytes)], staging_bytes=staging)
     timings = dict(save_s=0.0, save_cpu_s=0.0)
     mgr = KvManager(plan, device=device if device.type == "cuda" else None)
     events = prefill(mgr, kv, saver, 0, tokens, timings)
     saved = saver.stats()
     # Load: a fresh manager over the same tier (and the same tensors: the rows are written again).
-    loader = TierCache(plan, kv, saver.backends)
+    loader = TierCache(plan, kv, saver.backends, staging_bytes=staging)
     mgr_b = KvManager(plan, device=device if device.type == "cuda" else None)
     sync(device)
     t0, c0 = time.perf_counter(), time.process_time()
     cached = loader.admit(mgr_b, 1, tokens)
-    mgr_b.ensure_for_tokens([1], [len(tokens) - cached])
+    mgr_b.ensure_for_tokens([1], [min(CHUNK, len(tokens) - cached)])  # the first chunk: fill comes before it
     mgr_b.stage([1])
     if kv.planes:
         apply_row_copies(list(kv.planes), mgr_b.row_copies, mgr_b.row_copy_counts)
