@@ -10,19 +10,16 @@
 #include "core/common/errors.h"
 #include "core/manager/block_hash.h"
 #include "core/manager/kv_manager.h"
+#include "manager_test_support.h"
 
 namespace ukv {
 namespace {
 
-constexpr int64_t kBs = 128;
+using testing_support::kBs;
+using testing_support::tokens;
 
 ServeConfig config(KvLayout layout) {
-  ServeConfig c;
-  c.block_size = kBs;
-  c.window = 128;
-  c.layout = layout;
-  c.max_num_seqs = 8;
-  c.max_blocks_per_seq = 16;
+  ServeConfig c = testing_support::small_config(layout);
   c.max_num_batched_tokens = 1024;
   if (layout == KvLayout::RowSpace) c.swa_page_tokens = 32;  // pages smaller than blocks
   return c;
@@ -39,12 +36,6 @@ PoolSizes pools(KvLayout layout) {
   p.num_logical_blocks = 32;
   p.num_swa_blocks = 16;
   return p;
-}
-
-std::vector<int32_t> tokens(int64_t n, int32_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>(seed * 100003 + i);
-  return t;
 }
 
 class Tiers : public ::testing::TestWithParam<KvLayout> {};
