@@ -116,9 +116,9 @@ def test_chunks_within_the_budget_pass_the_copy_list_and_larger_ones_are_refused
     """The guide's promise: a step's chunks within max_num_batched_tokens are never
     refused for the row copies; beyond, a refusal changes nothing and a chunk
     cut back to the budget, down to one token, proceeds."""
-    # A step budget of 128 tokens: the copy list's shares (the step's chunks, its
-    # appends, and as much again for loads from a KV tier, which chunks may use
-    # when no load does) hold far less than four 1,000-token chunks.
+    # A step budget of 128 tokens: the chunks' share of the copy list (the list
+    # also keeps a share for the step's appends and one for loads from a KV
+    # tier) holds far less than four 1,000-token chunks.
     pool = Pool("row_space", max_num_batched_tokens=128)  # max_num_seqs 4
     budget = pool.plan.config.max_num_batched_tokens
     ids = [1, 2, 3, 4]
