@@ -346,11 +346,10 @@ UKV_HOST_DEVICE int32_t swa_slot_of(const SwaSlotMappingParams& p, int32_t t) {
   const int32_t bid = p.batch_id[t];
   const int32_t pos = load_position(p.positions, t);
   if (!is_real_token(bid, p.swa_table.rows) || pos < 0) return -1;
-  const int32_t col = quotient(pos, p.swa_rows.page);
-  if (col >= p.swa_table.cols) return -1;
-  const int32_t unit = id_at(table_row(p.swa_table, bid), col);
-  const int32_t q = static_cast<int32_t>(static_cast<uint32_t>(pos) - static_cast<uint32_t>(col) * p.swa_rows.page.value);
-  return unit < 0 ? -1 : swa_row_at<SwaForm::kGeneral>(unit, q, p.swa_rows);
+  const PagePlace at = page_place<SwaForm::kGeneral>(pos, p.swa_rows.page);
+  if (at.col >= p.swa_table.cols) return -1;
+  const int32_t unit = id_at(table_row(p.swa_table, bid), at.col);
+  return unit < 0 ? -1 : swa_row_at<SwaForm::kGeneral>(unit, at.q, p.swa_rows);
 }
 
 // Row copies (apply_row_copies): the entries of one phase, [first, first +
