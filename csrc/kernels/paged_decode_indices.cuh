@@ -9,14 +9,15 @@
 // is 128 cells: half a block's worth of work would idle); a window position's
 // unit is looked up once and its row stored into every requested buffer
 // (SwaForm::kPlain: the same row in all, the slot layouts; else each
-// output's layer class has its own rows in the unit). Consecutive threads write consecutive
-// cells.
+// output's layer class has its own rows in the unit; store_swa_window).
+// Consecutive threads write consecutive cells.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/compat.h"
 #include "kernels/index_formulas.h"
+#include "kernels/swa_window_rows.cuh"
 #include "kernels/thread_groups.cuh"
 
 namespace ukv::kernels {
@@ -24,8 +25,9 @@ namespace ukv::kernels {
 // Every per-token load is issued before any is used (a padding token is not
 // an early return but a window of 0), so the only wait before the table
 // lookups is one memory round trip.
-template <int kThreads, int kGroup, SwaForm kForm>
-__global__ void paged_decode_indices_kernel(PagedDecodeParams p) {
+// kMinBlocks: the blocks a multiprocessor must fit (nvcc caps the registers).
+template <int kThreads, int kGroup, SwaForm kForm, int kMinBlocks>
+__global__ void UKV_LAUNCH_BOUNDS(kThreads, kMinBlocks) paged_decode_indices_kernel(PagedDecodeParams p) {
   gpu::after_prior_kernels();
   const ThreadGroup g = thread_group<kThreads, kGroup>();
   const int32_t t = g.item;
@@ -45,22 +47,12 @@ __global__ void paged_decode_indices_kernel(PagedDecodeParams p) {
   const int32_t n = real ? swa_window_count(pos, p.window) : 0;
   const int32_t first = pos - n + 1;
   const TableRow units = table_row(p.swa_table, real ? bid : 0);
-  constexpr bool kPlain = kForm == SwaForm::kPlain;
-  SwaRowsOfPlace<kForm, 3> place{p.swa_rows};
-  // Two cells a thread in flight in the plain form; the row-space forms keep
-  // three rows a cell, and unrolling would cost them a third of their
-  // occupancy (72 registers a thread against 48 in paged decode).
-  constexpr int kUnroll = kPlain ? 2 : 1;
-#pragma unroll kUnroll
-  for (int32_t i = g.lane; i < n; i += kGroup) {
-    const PagePlace at = page_place<kForm>(first + i, p.swa_rows[0].page);
-    const uint32_t unit_row = unit_first_row<kForm>(swa_unit_at(units, at.col, p.swa_table.cols), p.swa_rows[0]);
-    place.at(at.q);
-    const int32_t row = place.row(0, unit_row);
-    store_in_slice(p.swa, swa_bounds, swa_end - n + i, row);
-    if (with_csa) store_in_slice(p.csa, csa_bounds, csa_end - n + i, kPlain ? row : place.row(1, unit_row));
-    if (with_hca) store_in_slice(p.hca, hca_bounds, hca_end - n + i, kPlain ? row : place.row(2, unit_row));
-  }
+  store_swa_window<kGroup, kForm>(units, p.swa_table.cols, p.swa_rows, first, n, g.lane,
+                                  [&](int32_t i, int32_t swa_row, int32_t csa_row, int32_t hca_row) {
+                                    store_in_slice(p.swa, swa_bounds, swa_end - n + i, swa_row);
+                                    if (with_csa) store_in_slice(p.csa, csa_bounds, csa_end - n + i, csa_row);
+                                    if (with_hca) store_in_slice(p.hca, hca_bounds, hca_end - n + i, hca_row);
+                                  });
 }
 
 }  // namespace ukv::kernels

@@ -21,6 +21,7 @@
 #include "kernels/compat.h"
 #include "kernels/index_formulas.h"
 #include "kernels/store_run.cuh"
+#include "kernels/swa_window_rows.cuh"
 #include "kernels/thread_groups.cuh"
 
 namespace ukv::kernels {
@@ -55,22 +56,12 @@ __global__ void UKV_LAUNCH_BOUNDS(kThreads, 9) paged_prefill_indices_kernel(Page
 
   const int64_t csa_tail = csa_end - w.prefix_swa_count;
   const TableRow units = table_row(p.swa_table, bid);
-  constexpr bool kPlain = kForm == SwaForm::kPlain;
-  SwaRowsOfPlace<kForm, 3> place{p.swa_rows};
-  // Two cells a thread in flight in the plain form; the row-space forms keep
-  // three rows a cell, and unrolling would cost them a third of their
-  // occupancy (72 registers a thread against 48 in paged decode).
-  constexpr int kUnroll = kPlain ? 2 : 1;
-#pragma unroll kUnroll
-  for (int32_t i = g.lane; i < w.prefix_swa_count; i += kGroup) {
-    const PagePlace at = page_place<kForm>(w.swa_low + i, p.swa_rows[0].page);
-    const uint32_t unit_row = unit_first_row<kForm>(swa_unit_at(units, at.col, p.swa_table.cols), p.swa_rows[0]);
-    place.at(at.q);
-    const int32_t row = place.row(0, unit_row);
-    store_in_slice(p.swa, swa_bounds, swa_begin + i, row);
-    store_in_slice(p.csa, csa_bounds, csa_tail + i, kPlain ? row : place.row(1, unit_row));
-    store_in_slice(p.hca, hca_bounds, hca_begin + i, kPlain ? row : place.row(2, unit_row));
-  }
+  store_swa_window<kGroup, kForm>(units, p.swa_table.cols, p.swa_rows, w.swa_low, w.prefix_swa_count, g.lane,
+                                  [&](int32_t i, int32_t swa_row, int32_t csa_row, int32_t hca_row) {
+                                    store_in_slice(p.swa, swa_bounds, swa_begin + i, swa_row);
+                                    store_in_slice(p.csa, csa_bounds, csa_tail + i, csa_row);
+                                    store_in_slice(p.hca, hca_bounds, hca_begin + i, hca_row);
+                                  });
 
   const TableRow hca_row = table_row(p.hca_table, bid);
   const auto row_of_entry = [&](int32_t e) {
