@@ -12,11 +12,16 @@
 // a scan over the threads gives every group's end, a binary search the
 // group where the block's share starts. No block waits on another.
 //
-// A share is copied in 16-byte vectors where both sides and the row size are
-// 16-byte aligned (else byte by byte; the split points are rounded to the
-// unit, the same way by the two blocks that meet there), four vectors in
-// flight a thread; contiguous spans (both strides equal to the row size) as
-// one flat range, without a division per vector.
+// A block then copies its share as one flat range of units, whatever spans
+// it crosses: it lays the pieces of up to kThreads spans in shared memory,
+// and every thread keeps kCopyUnroll units in flight, each found in its
+// piece by a search over the pieces' unit counts. Copying piece after piece
+// instead waited out a memory round trip per piece: a share of a few small
+// runs (a sequence's 4-14 KiB runs) ran at a third of the copy bandwidth.
+// Units are 16-byte vectors where both sides and the row size are 16-byte
+// aligned, else bytes (the split points are rounded to the unit, the same
+// way by the two blocks that meet there); contiguous spans (both strides
+// equal to the row size) are one flat range, without a division per unit.
 #pragma once
 
 #include <cstdint>
@@ -35,100 +40,197 @@ struct CopySpan {
   int64_t row_bytes;
 };
 
-constexpr int32_t kCopyUnroll = 4;
+constexpr int32_t kCopyUnroll = 8;
+// Spans a thread sums at once while finding the block's share.
+constexpr int32_t kSumsInFlight = 4;
 // Blocks a multiprocessor the copy kernels are sized for (and fit: their
 // registers are capped to).
-constexpr int32_t kCopyBlocksPerSm = 4;
+constexpr int32_t kCopyBlocksPerSm = 3;
 
 UKV_DEVICE uint64_t span_bytes(const CopySpan& s) {
   return s.rows > 0 ? static_cast<uint64_t>(s.rows) * static_cast<uint64_t>(s.row_bytes) : 0;
 }
 
-// Units [first, first + n) of a span's rows, in units of sizeof(Unit) bytes:
-// unit i lies in row i / per_row at column i % per_row (flat: one range). The
-// indices start at the share's first row, so they fit 32 bits.
-template <int kThreads, typename Unit>
-UKV_DEVICE void copy_units(const CopySpan& s, uint64_t first, uint64_t n, bool flat) {
-  const uint64_t per_row = static_cast<uint64_t>(s.row_bytes) / sizeof(Unit);
-  const uint64_t first_row = flat ? 0 : first / per_row;
-  const uint32_t skip = static_cast<uint32_t>(flat ? 0 : first - first_row * per_row);
-  const uint8_t* from = s.from + (flat ? static_cast<int64_t>(first * sizeof(Unit))
-                                       : static_cast<int64_t>(first_row) * s.from_stride);
-  uint8_t* to = s.to + (flat ? static_cast<int64_t>(first * sizeof(Unit)) : static_cast<int64_t>(first_row) * s.to_stride);
-  const uint32_t end = skip + static_cast<uint32_t>(n), row_units = static_cast<uint32_t>(per_row);
-  const auto source = [&](uint32_t i) -> const Unit* {
-    if (flat) return reinterpret_cast<const Unit*>(from) + i;
-    const uint32_t r = i / row_units;
-    return reinterpret_cast<const Unit*>(from + r * s.from_stride) + (i - r * row_units);
-  };
-  const auto target = [&](uint32_t i) -> Unit* {
-    if (flat) return reinterpret_cast<Unit*>(to) + i;
-    const uint32_t r = i / row_units;
-    return reinterpret_cast<Unit*>(to + r * s.to_stride) + (i - r * row_units);
-  };
-  for (uint32_t i0 = skip + threadIdx.x; i0 < end; i0 += kCopyUnroll * kThreads) {
-    Unit v[kCopyUnroll];
+// The part of one span inside a block's share, from the span's unit `first`
+// (its rows laid end to end) on.
+struct CopyPiece {
+  const uint8_t* from;
+  uint8_t* to;
+  int64_t from_stride;
+  int64_t to_stride;
+  uint64_t first;
+  uint32_t row_units;
+  uint32_t shift;  // log2 of the unit's bytes: 4 (16-byte vectors) or 0 (bytes)
+  bool flat;
+};
+
+// Where block b's share of total bytes starts: b * total / G, without
+// overflowing 64 bits, and with one 64-bit division.
+UKV_DEVICE uint64_t share_start(uint64_t total, uint32_t b) {
+  const uint32_t blocks = gridDim.x;
+  const uint64_t whole = total / blocks;
+  const uint32_t rest = static_cast<uint32_t>(total - whole * blocks);  // < G: rest * b / G is a small division
+  return whole * b + static_cast<uint64_t>(rest) * b / blocks;
+}
+
+// Inclusive prefix sums of cells[0, kThreads), by the whole block. Every
+// thread has written its cell before; every thread may read any cell after.
+template <int kThreads>
+UKV_DEVICE void block_inclusive_scan(uint64_t* cells) {
+  const int32_t tid = threadIdx.x;
+  __syncthreads();
+  for (int32_t d = 1; d < kThreads; d *= 2) {
+    const uint64_t before = tid >= d ? cells[tid - d] : 0;
+    __syncthreads();
+    cells[tid] += before;
+    __syncthreads();
+  }
+}
+
+// Span s's part of the block's share [lo, hi), s covering [begin, begin + bytes).
+UKV_DEVICE CopyPiece piece_of(const CopySpan& s, uint64_t begin, uint64_t lo, uint64_t hi, uint64_t* units) {
+  const uint64_t bytes = span_bytes(s), end = begin + bytes;
+  const uint64_t bits = reinterpret_cast<uintptr_t>(s.from) | reinterpret_cast<uintptr_t>(s.to) |
+                        static_cast<uint64_t>(s.from_stride | s.to_stride | s.row_bytes);
+  const uint32_t shift = (bits & 15) == 0 ? 4 : 0;
+  const bool inside = bytes > 0 && end > lo && begin < hi;
+  const uint64_t a = inside && lo > begin ? lo - begin : 0, b = inside ? (hi < end ? hi : end) - begin : 0;
+  *units = (b >> shift) - (a >> shift);
+  return {s.from, s.to, s.from_stride, s.to_stride, a >> shift,
+          static_cast<uint32_t>(static_cast<uint64_t>(s.row_bytes) >> shift), shift,
+          s.from_stride == s.row_bytes && s.to_stride == s.row_bytes};
+}
+
+// Unit u of piece c (u counted from the piece's first unit): where it is
+// read and written.
+UKV_DEVICE void locate(const CopyPiece& c, uint64_t u, const uint8_t** from, uint8_t** to) {
+  const uint64_t unit = c.first + u;
+  if (c.flat) {
+    *from = c.from + (unit << c.shift);
+    *to = c.to + (unit << c.shift);
+    return;
+  }
+  // 32-bit division where the unit index fits, as it does below 64 GiB a span.
+  const uint64_t row = unit >> 32 ? unit / c.row_units : static_cast<uint32_t>(unit) / c.row_units;
+  const uint64_t column = (unit - row * c.row_units) << c.shift;
+  *from = c.from + static_cast<int64_t>(row) * c.from_stride + column;
+  *to = c.to + static_cast<int64_t>(row) * c.to_stride + column;
+}
+
+// The piece of unit j: the first p at or after `from` with unit_end[p] > j.
+template <int kThreads>
+UKV_DEVICE int32_t piece_at(const uint64_t* unit_end, uint64_t j, int32_t from) {
+  int32_t top = kThreads - 1;
+  while (from < top) {
+    const int32_t mid = (from + top) / 2;
+    if (unit_end[mid] > j) top = mid; else from = mid + 1;
+  }
+  return from;
+}
+
+// Copies units [0, unit_end[kThreads - 1]) of the pieces, piece p holding
+// units [unit_end[p - 1], unit_end[p]), kCopyUnroll loads in flight a
+// thread. The stores find their places again rather than keep them: the
+// registers go to loads in flight.
+template <int kThreads>
+UKV_DEVICE void copy_pieces(const CopyPiece* pieces, const uint64_t* unit_end) {
+  const uint64_t total = unit_end[kThreads - 1];
+  const auto first_unit = [&](int32_t p) { return p > 0 ? unit_end[p - 1] : 0; };
+  for (uint64_t j0 = threadIdx.x; j0 < total; j0 += kCopyUnroll * kThreads) {
+    int4 v[kCopyUnroll];
+    int32_t piece[kCopyUnroll];
+    int32_t p = piece_at<kThreads>(unit_end, j0, 0);  // later units lie in it or after it
 #pragma unroll
-    for (int32_t u = 0; u < kCopyUnroll; ++u) {
-      const uint32_t i = i0 + u * kThreads;
-      if (i < end) v[u] = *source(i);
+    for (int32_t k = 0; k < kCopyUnroll; ++k) {
+      const uint64_t j = j0 + static_cast<uint64_t>(k) * kThreads;
+      piece[k] = -1;
+      if (j >= total) continue;
+      if (unit_end[p] <= j) p = piece_at<kThreads>(unit_end, j, p + 1);
+      const CopyPiece& c = pieces[p];
+      const uint8_t* from;
+      uint8_t* to;
+      locate(c, j - first_unit(p), &from, &to);
+      piece[k] = p;
+      if (c.shift == 4) v[k] = *reinterpret_cast<const int4*>(from); else v[k].x = *from;
     }
 #pragma unroll
-    for (int32_t u = 0; u < kCopyUnroll; ++u) {
-      const uint32_t i = i0 + u * kThreads;
-      if (i < end) *target(i) = v[u];
+    for (int32_t k = 0; k < kCopyUnroll; ++k) {
+      if (piece[k] < 0) continue;
+      const CopyPiece& c = pieces[piece[k]];
+      const uint8_t* from;
+      uint8_t* to;
+      locate(c, j0 + static_cast<uint64_t>(k) * kThreads - first_unit(piece[k]), &from, &to);
+      if (c.shift == 4) *reinterpret_cast<int4*>(to) = v[k]; else *to = static_cast<uint8_t>(v[k].x);
     }
   }
 }
 
-// Bytes [lo, hi) of a span (its rows laid end to end), by the whole block.
+// Copies span s's part of the share [lo, hi), every thread its own span,
+// span s beginning at byte `begin` of the list. Uses sums and pieces (every
+// thread is done with them when it returns, but for copying).
 template <int kThreads>
-UKV_DEVICE void copy_piece(const CopySpan& s, uint64_t lo, uint64_t hi) {
-  const bool flat = s.from_stride == s.row_bytes && s.to_stride == s.row_bytes;
-  const uint64_t bits = reinterpret_cast<uintptr_t>(s.from) | reinterpret_cast<uintptr_t>(s.to) |
-                        static_cast<uint64_t>(s.from_stride | s.to_stride | s.row_bytes);
-  if ((bits & 15) == 0) {
-    copy_units<kThreads, int4>(s, lo / 16, hi / 16 - lo / 16, flat);
-  } else {
-    copy_units<kThreads, uint8_t>(s, lo, hi - lo, flat);
-  }
+UKV_DEVICE void copy_batch(const CopySpan& s, uint64_t begin, uint64_t lo, uint64_t hi, uint64_t* sums,
+                           CopyPiece* pieces) {
+  uint64_t units = 0;
+  const CopyPiece piece = piece_of(s, begin, lo, hi, &units);
+  __syncthreads();  // every thread has read the byte sums
+  pieces[threadIdx.x] = piece;
+  sums[threadIdx.x] = units;
+  block_inclusive_scan<kThreads>(sums);
+  copy_pieces<kThreads>(pieces, sums);
+  __syncthreads();  // every thread is done with the pieces
 }
 
 // Copies spans [0, n) given by span_at(i) (a CopySpan with rows 0 is skipped).
 template <int kThreads, typename SpanAt>
 UKV_DEVICE void copy_spans(int32_t n, const SpanAt& span_at) {
   if (n <= 0) return;
-  __shared__ uint64_t group_end[kThreads];  // bytes of the spans of groups 0 .. t
+  __shared__ uint64_t sums[kThreads];
+  __shared__ CopyPiece pieces[kThreads];
   const int32_t tid = threadIdx.x;
+  constexpr CopySpan kNone{nullptr, nullptr, 0, 0, 0, 1};
+  if (n <= kThreads) {  // a span a thread: their sums find the share, and the spans are at hand
+    const CopySpan s = tid < n ? span_at(tid) : kNone;
+    sums[tid] = span_bytes(s);
+    block_inclusive_scan<kThreads>(sums);
+    const uint64_t total = sums[kThreads - 1];
+    const uint64_t lo = share_start(total, blockIdx.x), hi = share_start(total, blockIdx.x + 1);
+    if (lo < hi) copy_batch<kThreads>(s, sums[tid] - span_bytes(s), lo, hi, sums, pieces);
+    return;
+  }
+  // The block's share, and the group of spans it starts in.
   const int32_t per_group = (n + kThreads - 1) / kThreads;
   const int32_t group_first = static_cast<int32_t>(min_i64(static_cast<int64_t>(tid) * per_group, n));
   const int32_t group_last = static_cast<int32_t>(min_i64(static_cast<int64_t>(group_first) + per_group, n));
   uint64_t bytes = 0;
-  for (int32_t i = group_first; i < group_last; ++i) bytes += span_bytes(span_at(i));
-  group_end[tid] = bytes;
-  __syncthreads();
-  for (int32_t d = 1; d < kThreads; d *= 2) {  // inclusive scan
-    const uint64_t before = tid >= d ? group_end[tid - d] : 0;
-    __syncthreads();
-    group_end[tid] += before;
-    __syncthreads();
+  for (int32_t i = group_first; i < group_last; i += kSumsInFlight) {  // the loads of kSumsInFlight spans at once
+    uint64_t b[kSumsInFlight];
+#pragma unroll
+    for (int32_t k = 0; k < kSumsInFlight; ++k) b[k] = i + k < group_last ? span_bytes(span_at(i + k)) : 0;
+#pragma unroll
+    for (int32_t k = 0; k < kSumsInFlight; ++k) bytes += b[k];
   }
-  const uint64_t total = group_end[kThreads - 1], blocks = gridDim.x, b = blockIdx.x;
-  // b * total / G without overflowing 64 bits.
-  const uint64_t lo = total / blocks * b + total % blocks * b / blocks;
-  const uint64_t hi = total / blocks * (b + 1) + total % blocks * (b + 1) / blocks;
+  sums[tid] = bytes;
+  block_inclusive_scan<kThreads>(sums);
+  const uint64_t total = sums[kThreads - 1];
+  const uint64_t lo = share_start(total, blockIdx.x), hi = share_start(total, blockIdx.x + 1);
   if (lo == hi) return;
   int32_t g = 0, top = kThreads - 1;  // the first group that ends past lo
   while (g < top) {
     const int32_t mid = (g + top) / 2;
-    if (group_end[mid] > lo) top = mid; else g = mid + 1;
+    if (sums[mid] > lo) top = mid; else g = mid + 1;
   }
-  uint64_t start = g == 0 ? 0 : group_end[g - 1];
-  for (int32_t i = g * per_group; i < n && start < hi; ++i) {
-    const CopySpan s = span_at(i);
-    const uint64_t end = start + span_bytes(s);
-    if (end > lo && end > start) copy_piece<kThreads>(s, lo > start ? lo - start : 0, (hi < end ? hi : end) - start);
-    start = end;
+  uint64_t base = g == 0 ? 0 : sums[g - 1];  // bytes before span `first`
+  // The spans from there on, kThreads at a time, until the share ends.
+  for (int32_t first = g * per_group; first < n && base < hi; first += kThreads) {
+    const int32_t i = first + tid;
+    const CopySpan s = i < n ? span_at(i) : kNone;
+    __syncthreads();  // every thread is done with the group sums
+    sums[tid] = span_bytes(s);
+    block_inclusive_scan<kThreads>(sums);
+    const uint64_t batch_end = base + sums[kThreads - 1];
+    copy_batch<kThreads>(s, base + sums[tid] - span_bytes(s), lo, hi, sums, pieces);
+    base = batch_end;
   }
 }
 

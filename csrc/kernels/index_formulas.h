@@ -388,10 +388,9 @@ UKV_HOST_DEVICE RowRun row_run(const RowTransferParams& p, int32_t i) {
   const int64_t tensor = r[0], first = r[1], rows = r[2], offset = r[3];
   if (tensor < 0 || tensor >= p.num_tensors || rows <= 0 || first < 0 || offset < 0) return {0, 0, 0, 0};
   const int32_t t = static_cast<int32_t>(tensor);
-  // Compared as differences and quotients: a sum or product of hostile values could wrap.
-  if (first > p.tensor_rows[t] - rows || rows > p.buffer_bytes / p.row_bytes[t] ||
-      offset > p.buffer_bytes - rows * p.row_bytes[t])
-    return {0, 0, 0, 0};
+  // Compared as differences: a sum of hostile values could wrap. Once the
+  // rows lie in the tensor, their bytes (at most the tensor's) cannot.
+  if (first > p.tensor_rows[t] - rows || offset > p.buffer_bytes - rows * p.row_bytes[t]) return {0, 0, 0, 0};
   return {t, first, rows, offset};
 }
 

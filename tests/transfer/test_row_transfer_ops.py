@@ -257,6 +257,16 @@ def on_gpu(tensors):
             torch.zeros(t.shape[0], 20, dtype=t.dtype, device="cuda")[:, :12].copy_(t) for t in tensors]
 
 
+def assert_scatter_restores(sources, runs_t, count, buffer, originals, runs):
+    """scatter_rows of the buffer into zeroed tensors like sources puts every run's rows of originals back."""
+    targets = [torch.zeros_like(s) for s in sources]
+    ukv_torch.scatter_rows(targets, runs_t, count, buffer)
+    for i, t in enumerate(originals):
+        for tensor, first, n, _ in runs:
+            if tensor == i:
+                assert torch.equal(targets[i][first: first + n].cpu(), t[first: first + n])
+
+
 MAX_RUNS = 256
 
 
@@ -304,12 +314,35 @@ def test_gpu_long_runs_of_strided_rows():
     runs_t, count = run_tensors(runs, len(runs), "cuda")
     ukv_torch.gather_rows(sources, runs_t, count, buffer)
     assert torch.equal(buffer.cpu(), reference_gather(rows, runs, len(runs), offset, fill=0))
-    targets = [torch.zeros_like(s) for s in sources]
-    ukv_torch.scatter_rows(targets, runs_t, count, buffer)
-    for i, t in enumerate(rows):
-        for tensor, first, n, _ in runs:
-            if tensor == i:
-                assert torch.equal(targets[i][first: first + n].cpu(), t[first: first + n])
+    assert_scatter_restores(sources, runs_t, count, buffer, rows, runs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(3))
+def test_gpu_thousands_of_short_runs_of_mixed_alignment(seed):
+    """More runs than a block lays out at once (256), of 1-70 rows, so that
+    a block's share crosses many runs and batches of them: 16-byte rows
+    (copied as vectors) beside 12-byte strided and 6-byte rows (copied as
+    bytes), at buffer offsets that break the alignment of some runs.
+    Gathered and scattered back, against the CPU."""
+    rng = random.Random(seed)
+    rows_each = 120000
+    tensors = [torch.randint(0, 256, (rows_each, 448), dtype=torch.uint8),
+               torch.randint(0, 256, (rows_each, 20), dtype=torch.uint8)[:, :12],
+               torch.randn(rows_each, 3).to(torch.bfloat16)]
+    runs, offset, free = [], 0, [list(range(0, rows_each - 70 + 1, 70)) for _ in tensors]
+    for i in range(3000):
+        tensor = i % 3 if i % 7 else 0
+        first = free[tensor].pop(rng.randrange(len(free[tensor])))
+        rows = rng.randint(1, 70)
+        runs.append([tensor, first, rows, offset])
+        offset += rows * row_bytes(tensors[tensor]) + (rng.randrange(3) if tensor else 0)
+    sources = on_gpu(tensors)
+    buffer = torch.full((offset,), 7, dtype=torch.uint8, device="cuda")
+    runs_t, count = run_tensors(runs, len(runs), "cuda")
+    ukv_torch.gather_rows(sources, runs_t, count, buffer)
+    assert torch.equal(buffer.cpu(), reference_gather(tensors, runs, len(runs), offset))
+    assert_scatter_restores(sources, runs_t, count, buffer, tensors, runs)
 
 
 @pytest.mark.gpu
