@@ -159,9 +159,12 @@ TORCH_LIBRARY(ukv, m) {
         &ukv::ops::compress_base_row);
 
   // ---- prefix-cache keys, for routers that replay KV events (no tensors) ---
-  // Hashes are uint64 values carried as int64; salt likewise (0: none).
-  m.def("block_hashes(int[] tokens, int block_size, int salt=0) -> int[]", &ukv::ops::block_hashes);
-  m.def("swa_page_hashes(int[] block_hashes, int pages_per_block) -> int[]", &ukv::ops::swa_page_hashes);
+  // Keys are their unsigned 64-bit words carried as int64: one per xxh64 key,
+  // two (lo, hi) per sha256 or blake2b key; salt likewise (0: none).
+  m.def("block_hashes(int[] tokens, int block_size, int salt=0, str prefix_hash=\"xxh64\") -> int[]",
+        &ukv::ops::block_hashes);
+  m.def("swa_page_hashes(int[] block_hashes, int pages_per_block, str prefix_hash=\"xxh64\") -> int[]",
+        &ukv::ops::swa_page_hashes);
 
   // ---- records: configuration and plans cross as serialised records --------
   m.def("record_fields(str record) -> (str[] names, str[] kinds, str[] docs, str[] choices)", &ukv::ops::record_fields);

@@ -33,7 +33,7 @@ from .ops import (  # noqa: E402
     scatter_rows,
     swa_slot_mapping,
 )
-from .manager.prefix_hashing import block_hashes, cache_salt, swa_page_hashes  # noqa: E402
+from .manager.prefix_hashing import block_hashes, cache_salt, key_tensor, swa_page_hashes  # noqa: E402
 from .plan.planning import MODEL_PRESETS, plan_kv_layout  # noqa: E402
 from .plan.records import KvPlan, ModelKvSpec, PoolSizes, ServeConfig  # noqa: E402
 from .transfer import SequenceExport, gather_sequence, scatter_sequence, transfer_bytes  # noqa: E402
@@ -69,6 +69,7 @@ __all__ = [
     "gather_rows",
     "gather_sequence",
     "hca_decode_indices",
+    "key_tensor",
     "paged_decode_indices",
     "paged_prefill_indices",
     "plan_kv_layout",

@@ -138,11 +138,8 @@ KvManagerHolder::SequenceDescription KvManagerHolder::describe_sequence(int64_t 
   return locked([&] {
     const KvManager& m = *manager_;
     m.check_exportable(seq_id);
-    const std::vector<uint64_t>& hashes = m.block_hashes(seq_id);
-    // The hash bits as int64 (a tensor has no uint64 arithmetic to lose them to).
-    const at::Tensor hash_tensor =
-        at::tensor(at::ArrayRef<int64_t>(reinterpret_cast<const int64_t*>(hashes.data()), hashes.size()),
-                   at::TensorOptions().dtype(at::kLong));
+    const std::vector<CacheKey>& hashes = m.block_hashes(seq_id);
+    const at::Tensor hash_tensor = keys_tensor(hashes, m.config().prefix_hash);
     const at::Tensor logical = to_tensor(m.logical_table(seq_id));
     at::Tensor phys = at::empty({m.config().num_phys_tables(), logical.numel()}, logical.options());
     for (int64_t t = 0; t < phys.size(0); ++t) phys[t].copy_(to_tensor(m.phys_table(seq_id, t)));
@@ -164,11 +161,14 @@ int64_t KvManagerHolder::import_sequence(int64_t seq_id, const at::Tensor& token
 
 namespace {
 
-// The hashes and the tokens of n units of `unit_tokens` tokens each, checked.
-std::pair<at::Tensor, at::Tensor> locate_args(const at::Tensor& hashes, const at::Tensor& tokens, int64_t unit_tokens) {
-  at::Tensor h = int64_arg(hashes, "hashes"), t = token_arg(tokens, "tokens");
-  TORCH_CHECK(t.numel() == h.numel() * unit_tokens, "tokens must hold ", unit_tokens, " tokens per hash (",
-              h.numel() * unit_tokens, "), got ", t.numel());
+// The keys and the tokens of n units of `unit_tokens` tokens each, checked.
+std::pair<std::vector<CacheKey>, at::Tensor> locate_args(const at::Tensor& hashes, const at::Tensor& tokens,
+                                                         int64_t unit_tokens, PrefixHash kind) {
+  const std::vector<CacheKey> h = keys_arg(hashes, kind, "hashes");
+  const at::Tensor t = token_arg(tokens, "tokens");
+  const auto n = static_cast<int64_t>(h.size());
+  TORCH_CHECK(t.numel() == n * unit_tokens, "tokens must hold ", unit_tokens, " tokens per hash (", n * unit_tokens,
+              "), got ", t.numel());
   return {h, t};
 }
 
@@ -177,10 +177,10 @@ std::pair<at::Tensor, at::Tensor> locate_args(const at::Tensor& hashes, const at
 at::Tensor KvManagerHolder::locate_blocks(const at::Tensor& hashes, const at::Tensor& tokens) {
   return locked([&] {
     const KvManager& m = *manager_;
-    const auto [h, t] = locate_args(hashes, tokens, m.config().block_size);
-    at::Tensor out = at::empty({h.numel(), 1 + m.config().num_phys_tables()}, at::TensorOptions().dtype(at::kInt));
-    m.locate_blocks(reinterpret_cast<const uint64_t*>(h.data_ptr<int64_t>()), t.data_ptr<int32_t>(), h.numel(),
-                    out.data_ptr<int32_t>());
+    const auto [h, t] = locate_args(hashes, tokens, m.config().block_size, m.config().prefix_hash);
+    const auto n = static_cast<int64_t>(h.size());
+    at::Tensor out = at::empty({n, 1 + m.config().num_phys_tables()}, at::TensorOptions().dtype(at::kInt));
+    m.locate_blocks(h.data(), t.data_ptr<int32_t>(), n, out.data_ptr<int32_t>());
     return out;
   });
 }
@@ -188,10 +188,10 @@ at::Tensor KvManagerHolder::locate_blocks(const at::Tensor& hashes, const at::Te
 at::Tensor KvManagerHolder::locate_pages(const at::Tensor& hashes, const at::Tensor& tokens) {
   return locked([&] {
     const KvManager& m = *manager_;
-    const auto [h, t] = locate_args(hashes, tokens, m.config().swa_page());
-    at::Tensor out = at::empty({h.numel()}, at::TensorOptions().dtype(at::kInt));
-    m.locate_pages(reinterpret_cast<const uint64_t*>(h.data_ptr<int64_t>()), t.data_ptr<int32_t>(), h.numel(),
-                   out.data_ptr<int32_t>());
+    const auto [h, t] = locate_args(hashes, tokens, m.config().swa_page(), m.config().prefix_hash);
+    const auto n = static_cast<int64_t>(h.size());
+    at::Tensor out = at::empty({n}, at::TensorOptions().dtype(at::kInt));
+    m.locate_pages(h.data(), t.data_ptr<int32_t>(), n, out.data_ptr<int32_t>());
     return out;
   });
 }
@@ -240,14 +240,15 @@ at::Tensor KvManagerHolder::row_copy_counts() { return locked([&] { return stage
 
 std::tuple<at::Tensor, at::Tensor> KvManagerHolder::take_events() {
   const KvEventBatch batch = locked([&] { return manager_->take_events(); });
-  constexpr int64_t kFields = 8;
+  constexpr int64_t kFields = 10;
   const auto n = static_cast<int64_t>(batch.events.size());
   at::Tensor fields = at::empty({n, kFields}, at::TensorOptions().dtype(at::kLong));
   int64_t* row = fields.data_ptr<int64_t>();
   for (const KvEvent& e : batch.events) {
-    for (int64_t v : {static_cast<int64_t>(e.kind), e.seq_no, static_cast<int64_t>(e.role), static_cast<int64_t>(e.hash),
-                      static_cast<int64_t>(e.parent_hash), static_cast<int64_t>(e.has_parent),
-                      static_cast<int64_t>(e.salt), e.num_tokens})
+    for (int64_t v : {static_cast<int64_t>(e.kind), e.seq_no, static_cast<int64_t>(e.role), static_cast<int64_t>(e.hash.lo),
+                      static_cast<int64_t>(e.parent_hash.lo), static_cast<int64_t>(e.has_parent),
+                      static_cast<int64_t>(e.salt), e.num_tokens, static_cast<int64_t>(e.hash.hi),
+                      static_cast<int64_t>(e.parent_hash.hi)})
       *row++ = v;
   }
   return {fields, to_tensor(batch.tokens)};

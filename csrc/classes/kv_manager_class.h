@@ -55,8 +55,8 @@ class KvManagerHolder : public torch::CustomClassHolder {
       std::tuple<at::Tensor, int64_t, int64_t, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t>;
   SequenceDescription describe_sequence(int64_t seq_id);
   int64_t import_sequence(int64_t seq_id, const at::Tensor& tokens, int64_t num_computed, int64_t salt);
-  // KvManager::locate_blocks / locate_pages: hashes int64 [n] (the unsigned
-  // bits), tokens int32 or int64 [n * block_size] (resp. [n * swa_page]);
+  // KvManager::locate_blocks / locate_pages: hashes int64 [n] (xxh64: the
+  // unsigned bits) or [n, 2] (sha256, blake2b: the lo and hi words), tokens int32 or int64 [n * block_size] (resp. [n * swa_page]);
   // int32 [n, 1 + num_phys_tables] (resp. [n]).
   at::Tensor locate_blocks(const at::Tensor& hashes, const at::Tensor& tokens);
   at::Tensor locate_pages(const at::Tensor& hashes, const at::Tensor& tokens);
@@ -71,8 +71,9 @@ class KvManagerHolder : public torch::CustomClassHolder {
   at::Tensor row_copy_counts();
 
   // The events since the last call as two flat tensors (one copy each,
-  // whatever the count): int64 [n, 8] rows (kind, seq_no, role, hash,
-  // parent_hash, has_parent, salt, num_tokens), and the int32 tokens of the
+  // whatever the count): int64 [n, 10] rows (kind, seq_no, role, hash,
+  // parent_hash, has_parent, salt, num_tokens, hash_hi, parent_hash_hi: the
+  // keys' low and high words, the high ones 0 under xxh64), and the int32 tokens of the
   // Stored events, concatenated in event order.
   std::tuple<at::Tensor, at::Tensor> take_events();
   c10::Dict<std::string, int64_t> stats();

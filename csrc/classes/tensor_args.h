@@ -5,6 +5,9 @@
 #include <ATen/ATen.h>
 
 #include <limits>
+#include <vector>
+
+#include "core/hashing/cache_key.h"
 
 namespace ukv::ops {
 
@@ -46,6 +49,27 @@ inline at::Tensor token_arg(const at::Tensor& t, const char* arg, int64_t min_va
     q[i] = static_cast<int32_t>(p[i]);
   }
   return out;
+}
+
+// Prefix-cache keys: int64 [n] under xxh64 (the unsigned bits), [n, 2] under
+// sha256 and blake2b (each key's lo and hi words).
+inline std::vector<CacheKey> keys_arg(const at::Tensor& t, PrefixHash kind, const char* arg) {
+  const bool wide = key_words(kind) == 2;
+  TORCH_CHECK_VALUE(t.defined(), arg, " must be an int64 CPU tensor, got None");
+  TORCH_CHECK_VALUE(t.dim() == (wide ? 2 : 1) && (!wide || t.size(1) == 2), arg, " must be ",
+                    wide ? "[n, 2] (the lo and hi words of each " : "[n] (each ", prefix_hash_name(kind),
+                    " key), got shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kLong, arg, " must be int64, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.device().is_cpu(), arg, " must be a CPU tensor, got ", t.device());
+  const at::Tensor c = t.contiguous();
+  return keys_from_words(c.data_ptr<int64_t>(), static_cast<size_t>(c.numel()), kind, arg);
+}
+
+// The keys as keys_arg takes them.
+inline at::Tensor keys_tensor(const std::vector<CacheKey>& keys, PrefixHash kind) {
+  const std::vector<int64_t> words = keys_to_words(keys.data(), keys.size(), kind);
+  at::Tensor out = at::tensor(at::ArrayRef<int64_t>(words), at::TensorOptions().dtype(at::kLong));
+  return key_words(kind) == 2 ? out.view({-1, 2}) : out;
 }
 
 inline void require_same_length(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name) {

@@ -109,7 +109,7 @@ TEST_P(Tiers, LocatesPublishedBlocksAndPages) {
   }
   // The last block's page is in the decode window, held: its unit is the staged one.
   const int64_t ppb = m.config().pages_per_block(), page = m.config().swa_page();
-  const uint64_t page_key = swa_page_hash(hashes[1], ppb - 1, ppb);
+  const CacheKey page_key = swa_page_hash(m.config().prefix_hash, hashes[1], ppb - 1, ppb);
   int32_t unit = -2;
   m.locate_pages(&page_key, prompt.data() + 2 * kBs - page, 1, &unit);
   EXPECT_GE(unit, 0);

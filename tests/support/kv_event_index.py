@@ -10,10 +10,11 @@ from ukv_torch import KvEventKind, KvRole
 class CacheIndex:
     """(role, hash) -> (parent_hash, token_ids, salt) of every block the events
     say is cached. `tail_pages` is the SWA pages a hit needs right before its
-    end (KvManager.quota_bounds()); 0 for a manager without SWA."""
+    end (KvManager.quota_bounds()); 0 for a manager without SWA. prefix_hash:
+    the manager's ServeConfig.prefix_hash."""
 
-    def __init__(self, block_size, swa_page, tail_pages):
-        self.bs, self.page, self.tail_pages = block_size, swa_page, tail_pages
+    def __init__(self, block_size, swa_page, tail_pages, prefix_hash="xxh64"):
+        self.bs, self.page, self.tail_pages, self.prefix_hash = block_size, swa_page, tail_pages, prefix_hash
         self.ppb = block_size // swa_page
         self.entries = {}
         self.next_seq_no = 0
@@ -48,14 +49,14 @@ class CacheIndex:
         tail_pages SWA pages (all pages before it, if fewer) are cached."""
         bs, n = self.bs, len(tokens)
         candidates = min(-(-n // bs) - 1, n // bs)
-        hashes = ukv_torch.block_hashes(tokens[:candidates * bs], bs, salt)
+        hashes = ukv_torch.block_hashes(tokens[:candidates * bs], bs, salt, self.prefix_hash)
         hit = 0
         while hit < candidates and self._cached(KvRole.COMPRESS, hashes[hit], tokens[hit * bs:(hit + 1) * bs],
                                                 hashes[hit - 1] if hit else None, salt):
             hit += 1
         if not self.tail_pages:
             return hit * bs
-        keys = ukv_torch.swa_page_hashes(hashes[:hit], self.ppb)
+        keys = ukv_torch.swa_page_hashes(hashes[:hit], self.ppb, self.prefix_hash)
         present = [self._cached(KvRole.SWA, keys[j], tokens[j * self.page:(j + 1) * self.page],
                                 hashes[j // self.ppb], salt) for j in range(hit * self.ppb)]
         for end in range(hit, 0, -1):
@@ -68,4 +69,4 @@ def index_for(manager):
     """An empty index with the manager's geometry."""
     config = manager.config
     tail = manager.quota_bounds()["tail_pages"] if config.window > 0 else 0
-    return CacheIndex(config.block_size, config.swa_page, tail)
+    return CacheIndex(config.block_size, config.swa_page, tail, config.prefix_hash)

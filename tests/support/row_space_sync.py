@@ -8,6 +8,7 @@ state (KvManager::to_state, csrc/core/manager/kv_manager_state.cpp) and sets the
 model's from it, so the model predicts the next calls from where the
 manager is.
 """
+from ukv_torch.manager.prefix_hashing import key_from_words
 from ukv_torch.plan.records import PoolSizes, ServeConfig, _read_fields
 from ukv_torch.testing.kv_events_model import REMOVED, STORED
 from ukv_torch.testing.kv_manager_model import _Seq
@@ -23,6 +24,7 @@ STAT_ORDER = ["admissions", "admission_refusals", "appends", "append_refusals", 
 class Reader:
     def __init__(self, values):
         self.values, self.pos = values, _HEADER
+        self.prefix_hash = "xxh64"  # the manager's, once its ServeConfig is read
 
     def next(self):
         self.pos += 1
@@ -35,6 +37,10 @@ class Reader:
     def vec(self):
         return self.take(self.next())
 
+    def key(self):
+        """A cache key (two words in the state) as the model holds it."""
+        return key_from_words(*self.take(2), self.prefix_hash)
+
     def record(self, cls):
         self.pos, fields = _read_fields(cls._fields, self.values, self.pos)
         return cls(**fields)
@@ -44,7 +50,7 @@ def read_ids(r, width):
     """(ref, hash or None, tokens or None) per id of a content-addressed pool."""
     ids = []
     for _ in range(r.next()):
-        ref, has_hash, h = r.next(), r.next(), r.next() & _U64
+        ref, has_hash, h = r.next(), r.next(), r.key()
         ids.append((ref, h if has_hash else None, tuple(r.take(width)) if has_hash else None))
     return ids
 
@@ -52,7 +58,7 @@ def read_ids(r, width):
 def read_hash_map(r):
     by_hash = {}
     for _ in range(r.next()):
-        h, i = r.next() & _U64, r.next()
+        h, i = r.key(), r.next()
         by_hash[h] = i
     return by_hash
 
@@ -75,7 +81,7 @@ def read_sequence(r, ppb):
      s.extra_pages, s.ensured, s.write_lo) = r.take(9)
     s.logical = list(r.vec())
     s.swa = list(r.take(len(s.logical) * ppb))
-    s.hashes = [h & _U64 for h in r.vec()]
+    s.hashes = [r.key() for _ in range(r.next())]
     s.salt = r.next() & _U64
     r.take(2)  # its admission's generation and cached prefix (transfers check them; the model has no transfers)
     return sid, s
@@ -83,15 +89,15 @@ def read_sequence(r, ppb):
 
 def read_events(r):
     """The pending events, as the model's event log holds them."""
-    raw = [r.take(9) for _ in range(r.next())]
+    raw = [(r.take(3), r.key(), r.key(), r.take(4)) for _ in range(r.next())]
     tokens = r.vec()
     events = []
-    for kind, role, seq_no, h, parent, has_parent, salt, begin, n in raw:
+    for (kind, role, seq_no), h, parent, (has_parent, salt, begin, n) in raw:
         if kind == STORED:
-            events.append((kind, seq_no, role, h & _U64, parent & _U64 if has_parent else None,
+            events.append((kind, seq_no, role, h, parent if has_parent else None,
                            tuple(tokens[begin:begin + n]), n, (salt & _U64) or None))
         elif kind == REMOVED:
-            events.append((kind, seq_no, role, h & _U64, None, None, None, None))
+            events.append((kind, seq_no, role, h, None, None, None, None))
         else:
             events.append((kind, seq_no, None, None, None, None, None, None))
     return events
@@ -106,6 +112,7 @@ def adopt(model, state):
     """Sets the row-space model from the manager's serialized state (a list of ints)."""
     r = Reader(state)
     serve, pools = r.record(ServeConfig), r.record(PoolSizes)
+    r.prefix_hash = serve.prefix_hash
     assert serve.layout == "row_space", "adopt() reads the row-space layout's state only"
     (env_bound, env_cached, env_ev), (swa_bound, swa_cached, swa_ev) = read_row_space(r)
     set_kind(model.rows.env, env_bound, env_cached, env_ev, r.vec())

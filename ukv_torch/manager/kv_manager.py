@@ -230,10 +230,16 @@ class KvManager:
         decode step reads them. Its full blocks are published to the prefix
         cache by the prefill rule (those whose trailing window of SWA rows the
         transfer carries). ``export.config`` must have this manager's
-        block_size, window and compress_ratios (ValueError otherwise), and the
-        manager must not be configured with full_retain. The sequence keeps
-        its cache salt (``export.salt``), so its blocks hit as they did there."""
+        block_size, window, compress_ratios and prefix_hash (ValueError
+        otherwise: the export's block_hashes are keys of its prefix_hash), and
+        the manager must not be configured with full_retain. The sequence
+        keeps its cache salt (``export.salt``), so its blocks hit as they did
+        there."""
         check_same_model(export, self)
+        if export.config.prefix_hash != self.config.prefix_hash:
+            raise ValueError(f"the sequence was exported under prefix_hash={export.config.prefix_hash!r}, this "
+                             f"manager uses prefix_hash={self.config.prefix_hash!r}: its block_hashes are not this "
+                             f"cache's keys")
         return self.torch_object.import_sequence(_seq_id(seq_id), _tokens(export.tokens), export.num_computed,
                                                  salt_arg(export.salt))
 
@@ -253,8 +259,9 @@ class KvManager:
         return self.torch_object.num_tokens(_seq_id(seq_id))
 
     def locate_blocks(self, hashes: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Where published compress blocks hold their KV now: ``hashes`` int64 [n]
-        (their block hashes' bits), ``tokens`` their block_size tokens each,
+        """Where published compress blocks hold their KV now: ``hashes`` their
+        block keys (:func:`ukv_torch.key_tensor`: int64 [n] under xxh64, [n, 2]
+        under sha256 and blake2b), ``tokens`` their block_size tokens each,
         concatenated. int32 [n, 1 + tables]: the logical id, then the staged
         physical id per table (:meth:`phys_table`'s values); -1 for a block the
         prefix cache no longer holds. A RuntimeError while the row space has
@@ -313,7 +320,7 @@ class KvManager:
         """The KV events since the last call, in order (:class:`ukv_torch.KvEvent`;
         docs/serving-loop.md, "KV events"): the compress blocks and SWA pages
         that became hittable or stopped being so, and cache clears."""
-        return events_from_tensors(*self.torch_object.take_events())
+        return events_from_tensors(*self.torch_object.take_events(), self.config.prefix_hash)
 
     def check_invariants(self) -> None:
         """Verify the internal invariants (admission's promise included); RuntimeError

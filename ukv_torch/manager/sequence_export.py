@@ -21,8 +21,10 @@ class SequenceExport(NamedTuple):
     ``tokens`` (int32): its known tokens, the last sampled one included;
     ``num_computed``: positions whose KV is computed (``len(tokens) - 1``);
     ``swa_begin``: the first position whose SWA rows travel
-    (``max(0, num_computed - window + 1)``); ``block_hashes`` (int64 bits of
-    the unsigned hashes): the prefix-cache hash chain of its published blocks;
+    (``max(0, num_computed - window + 1)``); ``block_hashes``: the
+    prefix-cache key chain of its published blocks, as ``config.prefix_hash``
+    makes it (int64 [n]: the unsigned xxh64 keys' bits; [n, 2]: each sha256
+    or blake2b key's lo and hi words);
     ``logical`` (int32): its logical block ids; ``swa_units`` (int32): the
     staged SWA table row (an SWA block or unit per page, -1 where it holds
     none); ``phys`` (``[tables, blocks]`` int32): its staged physical compress

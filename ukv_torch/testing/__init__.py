@@ -10,7 +10,8 @@ answers the semantics promise:
                     KvManagerModel; needs `pip install xxhash`. Its parts:
                     slot_pools_model, compress_bindings_model (the slot
                     layouts), row_space_model (the row space, counted in
-                    rows), swa_pages_model (the SWA page pool)
+                    rows), swa_pages_model (the SWA page pool),
+                    prefix_keys_model (the block and page keys)
   index_reference   the index ops, token by token on Python lists
   allocator_soak    a long randomized serving run on a Coordinator: run_soak
 

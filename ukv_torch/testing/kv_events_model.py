@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
+from .prefix_keys_model import Key
+
 STORED, REMOVED, ALL_CLEARED = 0, 1, 2
 COMPRESS, SWA = 0, 1
 
@@ -19,10 +21,10 @@ class EventLog:
         self.events.append((fields[0], self.next_seq_no) + fields[1:])
         self.next_seq_no += 1
 
-    def stored(self, role: int, h: int, parent: Optional[int], toks: Sequence[int], salt: int):
+    def stored(self, role: int, h: Key, parent: Optional[Key], toks: Sequence[int], salt: int):
         self._push(STORED, role, h, parent, tuple(toks), len(toks), salt or None)
 
-    def removed(self, role: int, h: int):
+    def removed(self, role: int, h: Key):
         self._push(REMOVED, role, h, None, None, None, None)
 
     def all_cleared(self):

@@ -1,6 +1,6 @@
 """A plain pure-Python model of the KV manager (torch.classes.ukv.KvManager).
 
-Needs xxhash (`pip install xxhash`) for the block hashes; it is imported
+Needs xxhash (`pip install xxhash`) for xxh64 block hashes; it is imported
 where a hash is computed, so importing the module does not need it.
 
 Written from upstream's BlockManager and SlidingWindowPool semantics, ukv's
@@ -8,11 +8,12 @@ fixes to them and the rules the C++ header documents, without looking at how
 the C++ computes them:
 
 - Logical blocks: ref counts, a FIFO free list (the longest-freed block is
-  reused first), chained xxh64 block hashes with a token-equality check, lazy
+  reused first), chained block hashes (prefix_keys_model: xxh64, or sha256 /
+  blake2b keys as 16 bytes) with a token-equality check, lazy
   eviction (a freed block keeps its hash until it is reused), KV events
   (kv_events_model) for every change of the compress and SWA caches.
 - A request's salt (an int, or bytes standing for their BLAKE2b-64 value)
-  seeds block 0's xxh64, so only requests with the same salt share blocks.
+  seeds block 0's hash, so only requests with the same salt share blocks.
 - Layouts: the static split (logical == physical compress ids, a private SWA
   pool), the unified slot layouts (compress_bindings_model, slot_pools_model)
   and the row space (row_space_model: envelopes and SWA units counted in
@@ -38,7 +39,6 @@ tests compare it with the C++ on valid calls only.
 from __future__ import annotations
 
 import hashlib
-import struct
 from typing import Dict, List, Optional, Sequence
 
 from .allocator_model import ceil_div
@@ -46,7 +46,8 @@ from .compress_bindings_model import CompressBindings
 from .row_space_model import RowSpaceCounts, RowSpaceSwaSource
 from .slot_pools_model import OrderedIds, SharedSwaSpace, SlotPool
 from .kv_events_model import ALL_CLEARED, COMPRESS, REMOVED, STORED, EventLog
-from .swa_pages_model import SwaPool, page_hash
+from .prefix_keys_model import Key, block_hash, page_hash
+from .swa_pages_model import SwaPool
 
 NOT_NOW, NEVER_FITS = -1, -2
 # Stats of the row space that depend on where units lie (moves), not modelled.
@@ -54,16 +55,6 @@ PLACEMENT_STATS = ("envelope_moves", "swa_unit_moves", "moved_rows")
 
 __all__ = ["KvManagerModel", "block_hash", "salt_value", "STORED", "REMOVED", "ALL_CLEARED", "NOT_NOW",
            "NEVER_FITS", "PLACEMENT_STATS"]
-
-
-def block_hash(tokens: Sequence[int], parent: Optional[int], salt: int = 0) -> int:
-    """h_i = xxh64(parent as 8-byte LE (absent for block 0) + tokens as int64 LE),
-    block 0's seeded with the salt."""
-    import xxhash
-
-    data = b"" if parent is None else struct.pack("<Q", parent)
-    return xxhash.xxh64_intdigest(data + struct.pack(f"<{len(tokens)}q", *tokens),
-                                  seed=salt if parent is None else 0)
 
 
 def salt_value(salt) -> int:
@@ -113,7 +104,7 @@ class KvManagerModel(CompressBindings):
                  compress_ratios=(4, 128), compress_ks=None, type_slots=None, borrow_unreleased_swa=False,
                  full_retain=False, retention_interval=0, checkpoint_frac=0.5, max_num_seqs=256,
                  max_blocks_per_seq=1024, swa_page_tokens=0, total_rows=0, envelope_rows=0, swa_unit_rows=0,
-                 swa_sizing=None, swa_budget_frac=None):
+                 swa_sizing=None, swa_budget_frac=None, prefix_hash="xxh64"):
         bs = block_size
         self.layout = layout or _LEGACY_LAYOUT[(bool(unified), bool(borrow_unreleased_swa))]
         self.unified = self.layout in ("upstream", "elastic")  # the unified slot layouts
@@ -125,6 +116,7 @@ class KvManagerModel(CompressBindings):
         self.page = swa_page_tokens or bs
         self.ppb = bs // self.page
         self.prefix_caching, self.full_retain = enable_prefix_caching, full_retain
+        self.prefix_hash = prefix_hash
         self.num_logical, self.num_swa = num_logical_blocks, num_swa_blocks
         # Compress types by ratio (k = block_size / ratio rows per block), or by k as
         # the manager's keyword form still accepts.
@@ -137,11 +129,11 @@ class KvManagerModel(CompressBindings):
         capacity = int(num_swa_blocks * checkpoint_frac) if sparse else 0
         NB = num_logical_blocks
         self.ref = [0] * NB
-        self.hash: List[Optional[int]] = [None] * NB
+        self.hash: List[Optional[Key]] = [None] * NB
         self.block_tokens: List[Optional[tuple]] = [None] * NB
         self.binding = [[-1] * NB for _ in range(self.num_types)] if self.unified else []
         self.free = OrderedIds(range(NB))
-        self.by_hash: Dict[int, int] = {}
+        self.by_hash: Dict[Key, int] = {}
         self.events = EventLog()
         self.swa = SwaPool(num_swa_blocks, capacity, self.events) if window > 0 else None
         self.space = self.rows = None
@@ -284,7 +276,7 @@ class KvManagerModel(CompressBindings):
 
     def _lookup_page(self, tokens, j, hashes):
         """The cached SWA page j of a prefix whose block hashes are `hashes`, -1 if absent."""
-        h = page_hash(hashes[j // self.ppb], j, self.ppb)
+        h = page_hash(hashes[j // self.ppb], j, self.ppb, self.prefix_hash)
         return self.swa.lookup(h, tokens[j * self.page:(j + 1) * self.page])
 
     # ---------------------------------------------------------- admission --
@@ -311,7 +303,7 @@ class KvManagerModel(CompressBindings):
         if self.prefix_caching:
             for i in range(min(nb - 1, n // bs)):  # the last block is never a hit
                 toks = tokens[i * bs:(i + 1) * bs]
-                h = block_hash(toks, hashes[-1] if hashes else None, salt)
+                h = block_hash(toks, hashes[-1] if hashes else None, salt, self.prefix_hash)
                 b = self._lookup(h, toks)
                 if b < 0:
                     break
@@ -475,7 +467,7 @@ class KvManagerModel(CompressBindings):
         for i in range(len(s.hashes), self._hittable_blocks(s)):
             toks = s.tokens[i * bs:(i + 1) * bs]
             parent = s.hashes[-1] if s.hashes else None
-            h = block_hash(toks, parent, s.salt)
+            h = block_hash(toks, parent, s.salt, self.prefix_hash)
             b = s.logical[i]
             self.hash[b], self.block_tokens[b] = h, tuple(toks)
             self.by_hash[h] = b
@@ -485,7 +477,7 @@ class KvManagerModel(CompressBindings):
                 page = s.swa[j]
                 if page < 0 or j * self.page < s.swa_written_lo:  # only fully written pages may serve a hit
                     continue
-                self.swa.publish(page, page_hash(h, j, self.ppb), s.tokens[j * self.page:(j + 1) * self.page], h,
+                self.swa.publish(page, page_hash(h, j, self.ppb, self.prefix_hash), s.tokens[j * self.page:(j + 1) * self.page], h,
                                  s.salt)
                 if self.swa.checkpoint_capacity > 0 and self._is_checkpoint(s, i):
                     self.swa.pin(page)

@@ -10,22 +10,8 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from .kv_events_model import SWA, EventLog
+from .prefix_keys_model import Key
 from .slot_pools_model import OrderedIds
-
-_MASK = (1 << 64) - 1
-
-
-def page_hash(block_hash: int, page: int, pages_per_block: int) -> int:
-    """The cache key of SWA page `page` of a prefix whose block hash is
-    block_hash: the block hash itself with one page per block, else the
-    block hash with the page's index inside the block mixed in (the
-    manager's finaliser), so the pages of one block are told apart."""
-    if pages_per_block == 1:
-        return block_hash
-    h = block_hash ^ (((page % pages_per_block + 1) * 0x9E3779B97F4A7C15) & _MASK)
-    h = ((h ^ (h >> 33)) * 0xFF51AFD7ED558CCD) & _MASK
-    h = ((h ^ (h >> 33)) * 0xC4CEB9FE1A85EC53) & _MASK
-    return h ^ (h >> 33)
 
 
 class SwaPool:
@@ -35,9 +21,9 @@ class SwaPool:
     def __init__(self, num_pages: int, checkpoint_capacity: int, events: EventLog):
         self.events = events  # the manager's: cache changes are recorded with role SWA
         self.ref = [0] * num_pages
-        self.hash: List[Optional[int]] = [None] * num_pages
+        self.hash: List[Optional[Key]] = [None] * num_pages
         self.tokens: List[Optional[tuple]] = [None] * num_pages
-        self.by_hash: Dict[int, int] = {}
+        self.by_hash: Dict[Key, int] = {}
         self.lru = OrderedIds()  # pinned checkpoints, least recently used first
         self.checkpoint_capacity = checkpoint_capacity
         self.source = None  # SharedSwaSpace, a static SlotPool or a RowSpaceSwaSource

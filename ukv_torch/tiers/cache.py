@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ..manager.kv_events import KvEvent, KvEventKind, KvRole
-from ..manager.prefix_hashing import Salt, _signed, swa_page_hashes
+from ..manager.prefix_hashing import Salt, key_tensor, swa_page_hashes
 from .backend import TierBackend
 from .keys import KeyChain, chain_keys, key_name, root_key, tail_key
 from .objects import BLOCK, TAIL, ObjectLayout
@@ -120,12 +120,11 @@ class TierCache:
             self._save_blocks(mgr, blocks)
 
     def _save_blocks(self, mgr, blocks) -> None:
-        signed = torch.tensor([_signed(ev.block_hash) for _, ev in blocks], dtype=torch.int64)
+        prefix_hash, hashes = self.config.prefix_hash, [ev.block_hash for _, ev in blocks]
         tokens = torch.tensor([t for _, ev in blocks for t in ev.token_ids], dtype=torch.int64)
-        where = mgr.locate_blocks(signed, tokens)
-        pages = swa_page_hashes([ev.block_hash for _, ev in blocks], self._ppb)
-        units = mgr.locate_pages(torch.tensor([_signed(h) for h in pages], dtype=torch.int64),
-                                 tokens).view(len(blocks), self._ppb)
+        where = mgr.locate_blocks(key_tensor(hashes, prefix_hash), tokens)
+        pages = swa_page_hashes(hashes, self._ppb, prefix_hash)
+        units = mgr.locate_pages(key_tensor(pages, prefix_hash), tokens).view(len(blocks), self._ppb)
         found = where[:, 0] >= 0
         has_tail = found & (units[:, self._first_tail_page:] >= 0).all(dim=1)
         kinds = [BLOCK] * int(found.sum()) + [TAIL] * int(has_tail.sum())

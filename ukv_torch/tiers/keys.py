@@ -12,9 +12,10 @@ so a key names the whole prefix up to its block's end, under one salt and
 one model. The fingerprint covers what gives the bytes their meaning: the
 block size, the window, every layer's compress ratio and each of its planes'
 dtype and width (and the CSA indexer's), so two models sharing a store never
-read each other's objects. The HBM prefix cache's 64-bit hashes are not used
-here: they are for routers, and a store shared between tenants needs keys no
-one can make collide.
+read each other's objects. The HBM prefix cache's keys are not used here:
+they follow ServeConfig.prefix_hash (64-bit xxh64 by default, for routers),
+and a store shared between tenants needs keys no one can make collide
+whatever the engine's configuration.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from ..manager.kv_events import KvEvent, KvEventKind, KvRole
-from ..manager.prefix_hashing import cache_salt
+from ..manager.prefix_hashing import Key, cache_salt
 
 __all__ = ["KEY_BYTES", "fingerprint", "root_key", "chain_keys", "tail_key", "key_name", "KeyChain"]
 
@@ -75,8 +76,8 @@ def key_name(key: bytes) -> str:
 
 
 class KeyChain:
-    """The tier keys of blocks the HBM prefix cache published, by their 64-bit
-    block hash, so a Stored event's key is its parent's key chained with its
+    """The tier keys of blocks the HBM prefix cache published, by their HBM
+    block hash (an int or bytes: ServeConfig.prefix_hash), so a Stored event's key is its parent's key chained with its
     tokens. Entries go with the block's Removed event (or a cache clear); a
     block's parent is live or cached whenever the block is published, so its
     key is here then. ``limit`` bounds the map regardless (least recently
@@ -84,7 +85,7 @@ class KeyChain:
 
     def __init__(self, fp: bytes, limit: int):
         self.fp, self.limit = fp, limit
-        self._keys: "OrderedDict[int, bytes]" = OrderedDict()
+        self._keys: "OrderedDict[Key, bytes]" = OrderedDict()
 
     def key_of(self, event: KvEvent) -> Optional[bytes]:
         """The key of a Stored compress event's block, remembered for its children; None

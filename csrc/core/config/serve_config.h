@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/config/record.h"
+#include "core/hashing/cache_key.h"
 
 namespace ukv {
 
@@ -46,6 +47,7 @@ struct ServeConfig {
   int64_t retention_interval = 0;
   double checkpoint_frac = 0.5;
   double swa_budget_frac = 0.2;
+  PrefixHash prefix_hash = PrefixHash::Xxh64;
 
   // Tokens per SWA page (swa_page_tokens, or block_size when it is 0).
   int64_t swa_page() const { return swa_page_tokens > 0 ? swa_page_tokens : block_size; }
@@ -85,6 +87,9 @@ struct ServeConfig {
     v.integer("retention_interval", c.retention_interval, "tokens between sparse SWA checkpoints (full_retain); 0 = none");
     v.real("checkpoint_frac", c.checkpoint_frac, "fraction of the SWA pool checkpoints may pin");
     v.real("swa_budget_frac", c.swa_budget_frac, "full_retain plans: the SWA pool's share of the byte budget");
+    v.choice("prefix_hash", c.prefix_hash, {"xxh64", "sha256", "blake2b"},
+             "the prefix cache's block hash: xxh64 (64 bits, what upstream-compatible routers compute) or 128 "
+             "bits of sha256 or blake2b (collision resistant); KV events carry it");
   }
 };
 

@@ -22,7 +22,7 @@ namespace ukv {
 // starts with a value this large (they start with a size or a flag).
 constexpr int64_t kStateMagic = int64_t{0x554B5653} << 32;
 // Bumped whenever any component's layout changes.
-constexpr int64_t kStateVersion = 4;
+constexpr int64_t kStateVersion = 5;
 
 enum class StateKind : int64_t { TypePool = 1, Coordinator = 2, KvManager = 3, ServeConfig = 4, PoolSizes = 5,
                                  ModelKvSpec = 6, KvPlan = 7 };

@@ -16,8 +16,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/manager/kv_events.h"
 #include "core/config/state_io.h"
+#include "core/hashing/cache_key.h"
+#include "core/manager/kv_events.h"
 
 namespace ukv {
 
@@ -26,14 +27,15 @@ class BlockContents {
   BlockContents(int64_t num_blocks, int64_t block_size, KvRole role, KvEventLog* events);
 
   bool has_hash(int64_t id) const { return has_hash_[static_cast<size_t>(id)] != 0; }
-  uint64_t hash(int64_t id) const { return hash_[static_cast<size_t>(id)]; }
+  const CacheKey& hash(int64_t id) const { return hash_[static_cast<size_t>(id)]; }
   const int32_t* tokens(int64_t id) const { return &tokens_[static_cast<size_t>(id * block_size_)]; }
 
   // The block the cache serves for this hash, if it holds exactly these tokens; else -1.
-  int64_t lookup(uint64_t hash, const int32_t* tokens) const;
+  int64_t lookup(const CacheKey& hash, const int32_t* tokens) const;
   // parent: the event's parent hash (has_parent false for a chain's block 0);
   // salt: the publishing request's salt, for the event.
-  void publish(int64_t id, uint64_t hash, const int32_t* tokens, bool has_parent, uint64_t parent, uint64_t salt);
+  void publish(int64_t id, const CacheKey& hash, const int32_t* tokens, bool has_parent, const CacheKey& parent,
+               uint64_t salt);
   // Drops the block's content (a Removed event when the cache map pointed at it).
   void forget(int64_t id);
   // Drops the whole map, and the content of every block with is_free(id).
@@ -52,9 +54,9 @@ class BlockContents {
   KvRole role_;
   KvEventLog* events_;
   std::vector<uint8_t> has_hash_;
-  std::vector<uint64_t> hash_;
+  std::vector<CacheKey> hash_;
   std::vector<int32_t> tokens_;  // block_size tokens per block, valid while hashed
-  std::unordered_map<uint64_t, int32_t> by_hash_;
+  std::unordered_map<CacheKey, int32_t, CacheKeyHasher> by_hash_;
 };
 
 }  // namespace ukv

@@ -13,19 +13,19 @@ KvEvent& KvEventLog::push(KvEventKind kind, KvRole role) {
   return pending_.events.back();
 }
 
-void KvEventLog::stored(KvRole role, uint64_t hash, bool has_parent, uint64_t parent, const int32_t* tokens,
-                        int64_t n, uint64_t salt) {
+void KvEventLog::stored(KvRole role, const CacheKey& hash, bool has_parent, const CacheKey& parent,
+                        const int32_t* tokens, int64_t n, uint64_t salt) {
   KvEvent& e = push(KvEventKind::Stored, role);
   e.hash = hash;
   e.has_parent = has_parent;
-  e.parent_hash = has_parent ? parent : 0;
+  e.parent_hash = has_parent ? parent : CacheKey{};
   e.salt = salt;
   e.token_begin = static_cast<int64_t>(pending_.tokens.size());
   e.num_tokens = n;
   pending_.tokens.insert(pending_.tokens.end(), tokens, tokens + n);
 }
 
-void KvEventLog::removed(KvRole role, uint64_t hash) { push(KvEventKind::Removed, role).hash = hash; }
+void KvEventLog::removed(KvRole role, const CacheKey& hash) { push(KvEventKind::Removed, role).hash = hash; }
 
 void KvEventLog::all_cleared() { push(KvEventKind::AllCleared, KvRole::Compress); }
 
@@ -39,11 +39,13 @@ KvEventBatch KvEventLog::take() {
 void KvEventLog::write_state(StateWriter& w) const {
   w.put(next_seq_no_);
   w.put(static_cast<int64_t>(pending_.events.size()));
-  for (const KvEvent& e : pending_.events)
-    for (int64_t v : {static_cast<int64_t>(e.kind), static_cast<int64_t>(e.role), e.seq_no,
-                      static_cast<int64_t>(e.hash), static_cast<int64_t>(e.parent_hash),
-                      static_cast<int64_t>(e.has_parent), static_cast<int64_t>(e.salt), e.token_begin, e.num_tokens})
+  for (const KvEvent& e : pending_.events) {
+    for (int64_t v : {static_cast<int64_t>(e.kind), static_cast<int64_t>(e.role), e.seq_no}) w.put(v);
+    write_key(w, e.hash);
+    write_key(w, e.parent_hash);
+    for (int64_t v : {static_cast<int64_t>(e.has_parent), static_cast<int64_t>(e.salt), e.token_begin, e.num_tokens})
       w.put(v);
+  }
   w.put_vec(pending_.tokens);
 }
 
@@ -56,8 +58,8 @@ void KvEventLog::read_state(StateReader& r) {
     e.kind = static_cast<KvEventKind>(r.in_range(0, 2, "event kind"));
     e.role = static_cast<KvRole>(r.in_range(0, 1, "event role"));
     e.seq_no = r.in_range(0, next_seq_no_ - 1, "event sequence number");
-    e.hash = static_cast<uint64_t>(r.next());
-    e.parent_hash = static_cast<uint64_t>(r.next());
+    e.hash = read_key(r);
+    e.parent_hash = read_key(r);
     e.has_parent = r.flag("has_parent");
     e.salt = static_cast<uint64_t>(r.next());
     e.token_begin = r.next();

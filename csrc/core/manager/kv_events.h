@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/config/state_io.h"
+#include "core/hashing/cache_key.h"
 
 namespace ukv {
 
@@ -29,10 +30,10 @@ struct KvEvent {
   KvEventKind kind = KvEventKind::AllCleared;
   KvRole role = KvRole::Compress;  // Stored / Removed
   int64_t seq_no = 0;
-  uint64_t hash = 0;               // Stored / Removed: the cache key
+  CacheKey hash;                   // Stored / Removed: the cache key
   // Stored: a compress block's parent in the chain (has_parent false for
   // block 0); an SWA page's containing block (always present).
-  uint64_t parent_hash = 0;
+  CacheKey parent_hash;
   bool has_parent = false;
   uint64_t salt = 0;               // Stored: the request's salt (0: none)
   int64_t token_begin = 0;         // Stored: [token_begin, +num_tokens) of the batch's token buffer
@@ -46,9 +47,9 @@ struct KvEventBatch {
 
 class KvEventLog {
  public:
-  void stored(KvRole role, uint64_t hash, bool has_parent, uint64_t parent, const int32_t* tokens, int64_t n,
-              uint64_t salt);
-  void removed(KvRole role, uint64_t hash);
+  void stored(KvRole role, const CacheKey& hash, bool has_parent, const CacheKey& parent, const int32_t* tokens,
+              int64_t n, uint64_t salt);
+  void removed(KvRole role, const CacheKey& hash);
   void all_cleared();
   // The events since the last call, in order; the sequence numbers go on.
   KvEventBatch take();

@@ -128,7 +128,7 @@ std::vector<int32_t> KvManager::staged_swa_table(int64_t seq_id) const {
 int64_t KvManager::num_computed(int64_t seq_id) const { return seq(seq_id).num_computed; }
 int64_t KvManager::num_tokens(int64_t seq_id) const { return static_cast<int64_t>(seq(seq_id).tokens.size()); }
 const std::vector<int32_t>& KvManager::tokens(int64_t seq_id) const { return seq(seq_id).tokens; }
-const std::vector<uint64_t>& KvManager::block_hashes(int64_t seq_id) const { return seq(seq_id).hashes; }
+const std::vector<CacheKey>& KvManager::block_hashes(int64_t seq_id) const { return seq(seq_id).hashes; }
 
 // ----------------------------------------------------------------- prefill --
 

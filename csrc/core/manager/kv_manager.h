@@ -173,8 +173,8 @@ class KvManager {
   // cached: per block its logical id then its phys_table entry per table
   // (1 + num_phys_tables ints), per page its staged SWA unit; -1 where the
   // manager holds none. StateError while row copies are pending.
-  void locate_blocks(const uint64_t* hashes, const int32_t* tokens, int64_t n, int32_t* out) const;
-  void locate_pages(const uint64_t* hashes, const int32_t* tokens, int64_t n, int32_t* out) const;
+  void locate_blocks(const CacheKey* hashes, const int32_t* tokens, int64_t n, int32_t* out) const;
+  void locate_pages(const CacheKey* hashes, const int32_t* tokens, int64_t n, int32_t* out) const;
   uint64_t salt(int64_t seq_id) const { return seq(seq_id).salt; }
   // Which admission made the sequence live, and the cached prefix it returned
   // (what scatter_sequence must leave alone after import_sequence).
@@ -196,7 +196,7 @@ class KvManager {
   int64_t num_tokens(int64_t seq_id) const;
   const std::vector<int32_t>& tokens(int64_t seq_id) const;
   // The prefix-cache hash chain of the sequence's published blocks.
-  const std::vector<uint64_t>& block_hashes(int64_t seq_id) const;
+  const std::vector<CacheKey>& block_hashes(int64_t seq_id) const;
   // Writes rows 0..n-1 of every table for these sequences (an SWA page the
   // sequence does not hold is -1: the kernels that read SWA rows clamp it,
   // and the write-row op skips its positions; unused columns 0).
@@ -240,7 +240,7 @@ class KvManager {
     int64_t num_prompt = 0, num_computed = 0;
     std::vector<int32_t> logical;
     std::vector<int32_t> swa;        // one entry per page of the logical blocks
-    std::vector<uint64_t> hashes;    // chain over the published blocks [0, hashes.size())
+    std::vector<CacheKey> hashes;    // chain over the published blocks [0, hashes.size())
     uint64_t salt = 0;               // seeds hashes[0]
     // The admission that made it live (the admissions count then): an export
     // taken before a deallocate and the id's reuse names another generation.
@@ -272,7 +272,7 @@ class KvManager {
     int64_t cached_blocks = 0;    // hits after the gate
     FreshBlocks fresh;            // the blocks allocate() takes after the hits
     int64_t quota = 0;
-    std::vector<uint64_t> hashes;
+    std::vector<CacheKey> hashes;
     std::vector<int64_t> hit_ids;
   };
 
@@ -308,10 +308,16 @@ class KvManager {
   FreshBlocks choose_row_space_fresh(int64_t count, const std::vector<int64_t>& skip) const;
   int64_t plan_append(const int64_t* seq_ids, const int64_t* num_new_tokens, int64_t n, FreshBlocks& fresh,
                       int64_t& extra_quota) const;
-  int64_t bounded_hit(const int32_t* tokens, int64_t hit, const std::vector<uint64_t>& hashes) const;
+  int64_t bounded_hit(const int32_t* tokens, int64_t hit, const std::vector<CacheKey>& hashes) const;
   // The SWA page id cached for page j of a prefix with these block hashes, -1 if absent.
-  int64_t lookup_page(const int32_t* tokens, int64_t page, const std::vector<uint64_t>& hashes) const;
-  uint64_t page_hash(uint64_t block_hash, int64_t page) const { return swa_page_hash(block_hash, page % ppb_, ppb_); }
+  int64_t lookup_page(const int32_t* tokens, int64_t page, const std::vector<CacheKey>& hashes) const;
+  // The key of the block_size tokens at `tokens` after the block keyed parent (nullptr: block 0, seeded by salt).
+  CacheKey block_key(const int32_t* tokens, const CacheKey* parent, uint64_t salt) const {
+    return block_hash(serve_.prefix_hash, tokens, static_cast<size_t>(serve_.block_size), parent, salt);
+  }
+  CacheKey page_hash(const CacheKey& block_hash, int64_t page) const {
+    return swa_page_hash(serve_.prefix_hash, block_hash, page % ppb_, ppb_);
+  }
   bool is_checkpoint(const Sequence& s, int64_t block) const;
 
   int64_t take_block(int64_t id);
@@ -372,6 +378,8 @@ class KvManager {
   void free_out_of_window(Sequence& s, int64_t seq_len);
   void write_row(const Sequence& s, int64_t row, int64_t from, const StagingView& view);
   void check_row_space_invariants() const;
+  // The sequence's keys are the prefix_hash chain of its tokens under its salt.
+  void check_hash_chain(int64_t id, const Sequence& s) const;
   void write_sequence(StateWriter& w, int64_t id, const Sequence& s) const;
   void read_sequence(StateReader& r);
 

@@ -273,7 +273,7 @@ KvManager::FreshBlocks KvManager::choose_row_space_fresh(int64_t count, const st
 
 // --------------------------------------------------------------- admission --
 
-int64_t KvManager::lookup_page(const int32_t* tokens, int64_t page, const std::vector<uint64_t>& hashes) const {
+int64_t KvManager::lookup_page(const int32_t* tokens, int64_t page, const std::vector<CacheKey>& hashes) const {
   return swa_->lookup(page_hash(hashes[static_cast<size_t>(page / ppb_)], page), tokens + page * page_);
 }
 
@@ -281,7 +281,7 @@ int64_t KvManager::lookup_page(const int32_t* tokens, int64_t page, const std::v
 // (all of them, for a boundary closer to the start) are cached: pages are
 // scanned from the top, and a run of present pages [j, end) serves the
 // highest boundary at or below `end` once it reaches tail_pages below it.
-int64_t KvManager::bounded_hit(const int32_t* tokens, int64_t hit, const std::vector<uint64_t>& hashes) const {
+int64_t KvManager::bounded_hit(const int32_t* tokens, int64_t hit, const std::vector<CacheKey>& hashes) const {
   if (!swa_) return hit;
   int64_t end = hit * ppb_;
   for (int64_t j = hit * ppb_ - 1; j >= 0; --j) {
@@ -308,8 +308,7 @@ KvManager::Admission KvManager::admission(const int32_t* tokens, int64_t n, uint
     const int64_t candidates = std::min(nb - 1, n / serve_.block_size);
     for (int64_t i = 0; i < candidates; ++i) {
       const int32_t* toks = tokens + i * serve_.block_size;
-      const uint64_t h =
-          block_hash(toks, static_cast<size_t>(serve_.block_size), i > 0, i > 0 ? a.hashes.back() : 0, salt);
+      const CacheKey h = block_key(toks, i > 0 ? &a.hashes.back() : nullptr, salt);
       const int64_t id = logical_.lookup(h, toks);
       if (id < 0) break;
       a.hashes.push_back(h);

@@ -52,6 +52,7 @@ void KvManager::check_invariants() const {
     require<StateError>(held <= s.swa_quota + s.extra_pages, "sequence ", id, " holds ", held,
                         " SWA pages, over its quota ", s.swa_quota, " and ", s.extra_pages, " pages below the chunk's window");
     require<StateError>(s.hashes.size() <= len, "sequence ", id, ": more hashes than blocks");
+    check_hash_chain(id, s);
     quotas += s.swa_quota + s.extra_pages;
   }
   for (int64_t b = 0; b < pools_.num_logical_blocks; ++b)
@@ -113,6 +114,18 @@ void KvManager::check_row_space_invariants() const {
                       " reserved SWA pages exceed the ", pools_.total_rows, " rows");
 }
 
+void KvManager::check_hash_chain(int64_t id, const Sequence& s) const {
+  require<StateError>(s.hashes.size() * static_cast<size_t>(serve_.block_size) <= s.tokens.size(), "sequence ", id,
+                      ": hashes of blocks beyond its tokens");
+  for (size_t i = 0; i < s.hashes.size(); ++i) {
+    const CacheKey h = block_key(s.tokens.data() + i * static_cast<size_t>(serve_.block_size),
+                                 i > 0 ? &s.hashes[i - 1] : nullptr, s.salt);
+    // What a state saved under another prefix_hash (or tampered with) shows.
+    require<StateError>(h == s.hashes[i], "sequence ", id, ": block ", i, "'s key is not the prefix_hash=",
+                        prefix_hash_name(serve_.prefix_hash), " key of its tokens");
+  }
+}
+
 // ------------------------------------------------------------ serialization --
 
 void KvManager::write_sequence(StateWriter& w, int64_t id, const Sequence& s) const {
@@ -123,7 +136,8 @@ void KvManager::write_sequence(StateWriter& w, int64_t id, const Sequence& s) co
     w.put(v);
   w.put_vec(s.logical);
   for (int32_t b : s.swa) w.put(b);
-  w.put_vec(s.hashes);
+  w.put(static_cast<int64_t>(s.hashes.size()));
+  for (const CacheKey& h : s.hashes) write_key(w, h);
   w.put(static_cast<int64_t>(s.salt));
   w.put(s.generation);
   w.put(s.cached);
@@ -183,7 +197,8 @@ void KvManager::read_sequence(StateReader& r) {
     s.swa.push_back(w);
     s.swa_held += w >= 0;
   }
-  s.hashes = r.vec<uint64_t>(static_cast<int64_t>(s.logical.size()), "hash");
+  const int64_t nh = r.count(static_cast<int64_t>(s.logical.size()), "hash");
+  for (int64_t i = 0; i < nh; ++i) s.hashes.push_back(read_key(r));
   s.salt = static_cast<uint64_t>(r.next());
   s.generation = r.in_range(1, std::numeric_limits<int64_t>::max(), "generation");
   s.cached = r.in_range(0, s.num_computed, "cached prefix");

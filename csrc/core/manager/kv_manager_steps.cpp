@@ -146,8 +146,8 @@ void KvManager::publish_full_blocks(Sequence& s) {
   for (auto i = static_cast<int64_t>(s.hashes.size()); i < hittable_blocks(s); ++i) {
     const int32_t* toks = s.tokens.data() + i * bs;
     const bool has_parent = i > 0;
-    const uint64_t parent = has_parent ? s.hashes.back() : 0;
-    const uint64_t h = block_hash(toks, static_cast<size_t>(bs), has_parent, parent, s.salt);
+    const CacheKey parent = has_parent ? s.hashes.back() : CacheKey{};
+    const CacheKey h = block_key(toks, has_parent ? &parent : nullptr, s.salt);
     logical_.publish(s.logical[static_cast<size_t>(i)], h, toks, has_parent, parent, s.salt);
     s.hashes.push_back(h);
     for (int64_t j = i * ppb_; swa_ && j < (i + 1) * ppb_; ++j) {

@@ -75,7 +75,7 @@ void KvManager::require_no_pending_copies(const char* what) const {
                       "are not in their new rows yet)");
 }
 
-void KvManager::locate_blocks(const uint64_t* hashes, const int32_t* tokens, int64_t n, int32_t* out) const {
+void KvManager::locate_blocks(const CacheKey* hashes, const int32_t* tokens, int64_t n, int32_t* out) const {
   require_no_pending_copies("locate_blocks");
   const int64_t tables = serve_.num_phys_tables(), bs = serve_.block_size;
   for (int64_t i = 0; i < n; ++i) {
@@ -87,7 +87,7 @@ void KvManager::locate_blocks(const uint64_t* hashes, const int32_t* tokens, int
   }
 }
 
-void KvManager::locate_pages(const uint64_t* hashes, const int32_t* tokens, int64_t n, int32_t* out) const {
+void KvManager::locate_pages(const CacheKey* hashes, const int32_t* tokens, int64_t n, int32_t* out) const {
   require_no_pending_copies("locate_pages");
   for (int64_t i = 0; i < n; ++i)
     out[i] = swa_ ? unit_of(static_cast<int32_t>(swa_->lookup(hashes[i], tokens + i * page_))) : -1;

@@ -32,7 +32,7 @@ class LogicalBlocks {
   const SlotList& free_list() const { return free_; }
 
   // The cached block holding exactly these tokens under this hash, or -1.
-  int64_t lookup(uint64_t hash, const int32_t* tokens) const { return contents_.lookup(hash, tokens); }
+  int64_t lookup(const CacheKey& hash, const int32_t* tokens) const { return contents_.lookup(hash, tokens); }
 
   // A prefix-cache hit: a free block leaves the free list with ref 1 and keeps
   // its hash; a used block gains a reference.
@@ -46,7 +46,8 @@ class LogicalBlocks {
   // hash and binding kept. Returns true when it became free.
   bool release(int64_t id);
 
-  void publish(int64_t id, uint64_t hash, const int32_t* tokens, bool has_parent, uint64_t parent, uint64_t salt) {
+  void publish(int64_t id, const CacheKey& hash, const int32_t* tokens, bool has_parent, const CacheKey& parent,
+               uint64_t salt) {
     contents_.publish(id, hash, tokens, has_parent, parent, salt);
   }
   // Forgets a block's content (the cache may no longer hit it).

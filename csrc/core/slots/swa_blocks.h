@@ -45,12 +45,12 @@ class SwaBlocks {
   int64_t pinned() const { return lru_.size(); }
   bool is_pinned(int64_t id) const { return lru_.contains(id); }
 
-  int64_t lookup(uint64_t hash, const int32_t* tokens) const { return contents_.lookup(hash, tokens); }  // -1 if absent
+  int64_t lookup(const CacheKey& hash, const int32_t* tokens) const { return contents_.lookup(hash, tokens); }  // -1 if absent
   int64_t alloc();                // fresh block, ref 1, stale hash dropped
   void claim(int64_t id);         // cache hit: a free block is reclaimed, a held one shared
   void release(int64_t id);       // ref - 1; at 0 the slot returns (hash kept)
   // block_hash: the hash of the compress block holding the page (the event's parent).
-  void publish(int64_t id, uint64_t hash, const int32_t* tokens, uint64_t block_hash, uint64_t salt) {
+  void publish(int64_t id, const CacheKey& hash, const int32_t* tokens, const CacheKey& block_hash, uint64_t salt) {
     contents_.publish(id, hash, tokens, true, block_hash, salt);
   }
   void pin(int64_t id);           // checkpoint pin / LRU refresh
