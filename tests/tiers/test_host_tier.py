@@ -18,45 +18,67 @@ def registered(tier, size=4096):
     return buf
 
 
+class ArenaModel:
+    """An LRU store of byte strings in `capacity` bytes: each lies at the lowest
+    64-byte boundary where its size rounded up to 64 bytes is free, and the
+    least recently used go, one by one, until a new one fits."""
+
+    def __init__(self, capacity):
+        self.free = [True] * (capacity // 64 * 64)
+        self.objects = OrderedDict()  # key -> (start, bytes), least recently used first
+
+    def put(self, key, data):
+        if key in self.objects:
+            self.objects.move_to_end(key)
+            return
+        need = -(-len(data) // 64) * 64
+        while (start := self.first_fit(need)) is None:
+            _, (old_start, old) = self.objects.popitem(last=False)
+            self.free[old_start: old_start + -(-len(old) // 64) * 64] = [True] * (-(-len(old) // 64) * 64)
+        self.free[start: start + need] = [False] * need
+        self.objects[key] = (start, data)
+
+    def first_fit(self, need):
+        return next((s for s in range(0, len(self.free) - need + 1, 64) if all(self.free[s: s + need])), None)
+
+
 def test_lru_eviction_against_a_model():
     rng = random.Random(0)
     tier = HostTier(1000, pinned=False)
     buf = registered(tier)
-    model = OrderedDict()  # key -> bytes, least recently used first
+    model = ArenaModel(1000)
+    keys = [f"k{i}" for i in range(40)]
     for i in range(2000):
-        key = f"k{rng.randrange(40)}"
+        key = rng.choice(keys)
         if rng.random() < 0.5:
             size = rng.randrange(1, 300)
             data = bytes(rng.randrange(256) for _ in range(size))
             buf[:size] = torch.tensor(list(data), dtype=torch.uint8)
             assert tier.put([key], [buf[:size]]) == [True]
-            if key in model:
-                model.move_to_end(key)
-            else:
-                while sum(map(len, model.values())) + size > 1000:
-                    model.popitem(last=False)
-                model[key] = data
+            model.put(key, data)
         else:
             got = tier.get([key], [buf[:300]])[0]
-            if key in model:
-                model.move_to_end(key)
-                assert got == len(model[key]) and bytes(buf[:got].tolist()) == model[key]
+            if key in model.objects:
+                model.objects.move_to_end(key)
+                data = model.objects[key][1]
+                assert got == len(data) and bytes(buf[:got].tolist()) == data
             else:
                 assert got == -1
-        assert tier.contains(list(model)) == [True] * len(model)
-        assert tier.stats()["bytes_used"] == sum(map(len, model.values()))
+        assert tier.contains(keys) == [k in model.objects for k in keys]
+        assert tier.stats()["bytes_used"] == sum(len(d) for _, d in model.objects.values())
 
 
 def test_answers_for_what_does_not_fit():
-    tier = HostTier(100, pinned=False)
+    tier = HostTier(100, pinned=False)  # 64 usable bytes: objects take whole 64-byte units
     buf = registered(tier)
-    assert tier.put(["big"], [buf[:101]]) == [False]
+    assert tier.stats()["capacity_bytes"] == 64
+    assert tier.put(["big"], [buf[:65]]) == [False]
     assert tier.put(["a"], [buf[:50]]) == [True]
     assert tier.get(["a"], [buf[:49]]) == [-1]  # the buffer is too small
     assert tier.get(["missing"], [buf[:100]]) == [-1]
 
 
-@pytest.mark.parametrize("capacity", [0, -1, 1.5, True, "1"])
+@pytest.mark.parametrize("capacity", [0, -1, 63, 1.5, True, "1"])
 def test_a_bad_capacity_names_the_argument(capacity):
     with pytest.raises(ValueError, match="capacity_bytes"):
         HostTier(capacity)

@@ -61,11 +61,13 @@ def object_names(engine, p, salt=None):
 
 
 def damage(tier, name, how):
-    obj = tier._objects[name]
+    """Damages the host tier's object in place: a flipped payload bit, its last byte cut off, its kind byte."""
+    start, size = tier._objects[name]
+    obj = tier._arena.buffer[start: start + size]
     if how == "flip":
-        obj[obj.numel() // 2] ^= 0x10
+        obj[size // 2] ^= 0x10
     elif how == "truncate":
-        tier._objects[name] = obj[:-1].clone()
+        tier._objects[name] = (start, size - 1)
     elif how == "header":
         obj[5] ^= 1  # the kind byte
 

@@ -1,14 +1,21 @@
 """HostTier: the in-process tier, objects in host memory (pinned where CUDA is
-present, so loads and saves are DMA copies), least recently used evicted first."""
+present, so loads and saves are DMA copies), least recently used evicted first.
+
+The memory is one buffer of capacity_bytes allocated at construction, and an
+object takes a 64-byte aligned range of it (Staging's first-fit allocator).
+An allocation per object instead cost a page-locked allocation (or, unpinned,
+fresh pages faulted in) for every object saved: on an H100 host, saves
+reached 1 GB/s against a 54 GB/s pinned copy."""
 from __future__ import annotations
 
 import numbers
 from collections import OrderedDict
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
 from .backend import TierBackend
+from .staging import ALIGN, Staging, aligned
 
 __all__ = ["HostTier", "check_host_bytes"]
 
@@ -23,21 +30,26 @@ def check_host_bytes(buffer: torch.Tensor, what: str) -> None:
 
 
 class HostTier(TierBackend):
-    """Objects in this process's host memory, at most ``capacity_bytes`` of them.
+    """Objects in this process's host memory: ``capacity_bytes`` of it (rounded
+    down to a multiple of 64), allocated at construction, each object in a
+    range of its size rounded up to 64 bytes.
 
     ``pinned`` (default: whether CUDA is available) allocates page-locked
     memory, which the engine's copies to and from the GPU need to run
-    asynchronously at full speed. A full tier evicts its least recently used
-    objects (a get or a put of an existing key counts as a use)."""
+    asynchronously at full speed. A put that finds no free range large
+    enough evicts the least recently used objects until one is (a get or a
+    put of an existing key counts as a use)."""
 
     name = "host"
 
     def __init__(self, capacity_bytes: int, *, pinned: bool = None):
-        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, numbers.Integral) or capacity_bytes <= 0:
-            raise ValueError(f"HostTier: capacity_bytes must be a positive int, got {capacity_bytes!r}")
-        self.capacity_bytes = int(capacity_bytes)
+        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, numbers.Integral) or \
+                capacity_bytes < ALIGN:
+            raise ValueError(f"HostTier: capacity_bytes must be an int >= {ALIGN}, got {capacity_bytes!r}")
+        self.capacity_bytes = int(capacity_bytes) // ALIGN * ALIGN  # objects take whole 64-byte units
         self.pinned = torch.cuda.is_available() if pinned is None else bool(pinned)
-        self._objects: "OrderedDict[str, torch.Tensor]" = OrderedDict()
+        self._arena = Staging(self.capacity_bytes, pinned=self.pinned)
+        self._objects: "OrderedDict[str, Tuple[int, int]]" = OrderedDict()  # key -> (start, bytes)
         self._registered: List[torch.Tensor] = []
         self._counts = dict(puts=0, gets=0, hits=0, misses=0, evictions=0, errors=0, bytes_used=0)
 
@@ -66,14 +78,18 @@ class HostTier(TierBackend):
             self._objects.move_to_end(key)
             return True
         size = buffer.numel()
-        if size > self.capacity_bytes:
+        if aligned(size) > self.capacity_bytes:
             self._counts["errors"] += 1
             return False
-        while self._counts["bytes_used"] + size > self.capacity_bytes:
-            _, old = self._objects.popitem(last=False)
-            self._counts["bytes_used"] -= old.numel()
+        start = self._arena.take(size)
+        while start is None:  # an empty arena has room: this ends
+            _, (old_start, old_size) = self._objects.popitem(last=False)
+            self._arena.free(old_start, old_size)
+            self._counts["bytes_used"] -= old_size
             self._counts["evictions"] += 1
-        self._objects[key] = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned).copy_(buffer)
+            start = self._arena.take(size)
+        self._arena.buffer[start: start + size].copy_(buffer)
+        self._objects[key] = (start, size)
         self._counts["bytes_used"] += size
         return True
 
@@ -83,14 +99,15 @@ class HostTier(TierBackend):
 
     def _get(self, key: str, buffer: torch.Tensor) -> int:
         self._counts["gets"] += 1
-        obj = self._objects.get(key)
-        if obj is None or obj.numel() > buffer.numel():
+        where = self._objects.get(key)
+        if where is None or where[1] > buffer.numel():
             self._counts["misses"] += 1
             return -1
         self._objects.move_to_end(key)
-        buffer[: obj.numel()].copy_(obj)
+        start, size = where
+        buffer[:size].copy_(self._arena.buffer[start: start + size])
         self._counts["hits"] += 1
-        return obj.numel()
+        return size
 
     def contains(self, keys: Sequence[str]) -> List[bool]:
         return [key in self._objects for key in keys]
@@ -99,6 +116,8 @@ class HostTier(TierBackend):
         return dict(self._counts, objects=len(self._objects), capacity_bytes=self.capacity_bytes)
 
     def close(self) -> None:
+        for start, size in self._objects.values():
+            self._arena.free(start, size)
         self._objects.clear()
         self._registered.clear()
         self._counts["bytes_used"] = 0

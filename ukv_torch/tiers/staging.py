@@ -1,6 +1,8 @@
-"""The host staging memory of the KV tiers: one buffer, registered once with
-every backend (a backend that moves bytes by DMA or RDMA reads and writes it in
-place), from which each save or load batch takes one contiguous range."""
+"""Host memory the KV tiers allocate ranges of: one buffer, allocated once
+(pinned where CUDA copies it), and a first-fit allocator of 64-byte aligned
+ranges in it. TierCache's staging is one (registered once with every backend,
+which may read and write it in place by DMA or RDMA; each save or load batch
+takes one contiguous range), and HostTier keeps its objects in another."""
 from __future__ import annotations
 
 import bisect
