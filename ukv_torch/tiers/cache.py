@@ -85,14 +85,16 @@ class TierCache:
                 raise ValueError(f"TierCache: the {b.name} tier's capacity_bytes={capacity} is smaller than one "
                                  f"tier object ({largest} bytes for this model)")
         config = plan.config
+        block, tail = aligned(layout.object_bytes(BLOCK)), aligned(layout.object_bytes(TAIL))
         if staging_bytes is None:
-            step_objects = 2 * -(-config.max_num_batched_tokens // config.block_size)
-            staging_bytes = max(_STAGING_OBJECTS, step_objects + config.max_blocks_per_seq + 1) * aligned(largest)
+            step_blocks = -(-config.max_num_batched_tokens // config.block_size)
+            staging_bytes = max(_STAGING_OBJECTS * aligned(largest),
+                                step_blocks * (block + tail) + config.max_blocks_per_seq * block + tail)
         if staging_bytes < 2 * aligned(largest):
             raise ValueError(f"TierCache: staging_bytes must hold a block and a tail object ({2 * aligned(largest)} "
                              f"bytes), got {staging_bytes}")
         self.plan, self.config, self.layout, self.backends = plan, config, layout, backends
-        self._block_bytes, self._tail_bytes = aligned(layout.object_bytes(BLOCK)), aligned(layout.object_bytes(TAIL))
+        self._block_bytes, self._tail_bytes = block, tail
         self.device = layout.device
         self.cuda = self.device is not None and self.device.type == "cuda"
         self.staging = Staging(staging_bytes, pinned=self.cuda)
