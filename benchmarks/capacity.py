@@ -26,7 +26,8 @@ of rows, so no row, lattice or indexer padding.
 a host KV tier (ukv_torch.tiers) of 2x, 8x and 32x that budget, beside no
 tier at 1x, 9x and 64x the budget ("unlimited": nothing is evicted). The tier
 is modelled by sizes (the runs have no KV tensors): the same keys, saves,
-lookups and admissions as with bytes, objects of their real sizes in an LRU.
+lookups and admissions as with bytes, objects of their real sizes in an LRU;
+the manager runs whole chunks, which the TierCache turns on.
 Reported: hit rate (prompt blocks from HBM or the tier over those looked up),
 prefill tokens computed per step, served tokens per step, and tier bytes
 saved and loaded per step.
@@ -345,9 +346,19 @@ def tier_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def machine() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()
+
+
 def header(started: float) -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return (f"Machine: {platform.processor() or platform.machine()}, {platform.system()}; date {datetime.date.today()};"
+    return (f"Machine: {machine()}, {platform.system()}; date {datetime.date.today()};"
             f" commit {commit}; {time.time() - started:.0f} s.")
 
 

@@ -116,6 +116,8 @@ TORCH_LIBRARY(ukv, m) {
       .def("deallocate", &KvManagerHolder::deallocate)
       .def("clear_cache", &KvManagerHolder::clear_cache)
       .def("has_sequence", &KvManagerHolder::has_sequence)
+      .def("set_whole_chunks", &KvManagerHolder::set_whole_chunks)
+      .def("whole_chunks", &KvManagerHolder::whole_chunks)
       .def("num_sequences", &KvManagerHolder::num_sequences)
       .def("num_computed", &KvManagerHolder::num_computed)
       .def("num_tokens", &KvManagerHolder::num_tokens)

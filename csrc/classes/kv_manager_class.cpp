@@ -117,6 +117,8 @@ void KvManagerHolder::deallocate(const at::Tensor& seq_ids) {
 void KvManagerHolder::clear_cache() { locked([&] { manager_->clear_cache(); }); }
 
 bool KvManagerHolder::has_sequence(int64_t seq_id) { return locked([&] { return manager_->has_sequence(seq_id); }); }
+void KvManagerHolder::set_whole_chunks(bool on) { locked([&] { manager_->set_whole_chunks(on); }); }
+bool KvManagerHolder::whole_chunks() { return locked([&] { return manager_->whole_chunks(); }); }
 int64_t KvManagerHolder::num_sequences() { return locked([&] { return manager_->num_sequences(); }); }
 int64_t KvManagerHolder::num_computed(int64_t seq_id) { return locked([&] { return manager_->num_computed(seq_id); }); }
 int64_t KvManagerHolder::num_tokens(int64_t seq_id) { return locked([&] { return manager_->num_tokens(seq_id); }); }
@@ -310,6 +312,7 @@ c10::Dict<std::string, int64_t> KvManagerHolder::quota_bounds() {
     d.insert("tail_pages", manager_->tail_pages());
     d.insert("prefill_quota_bound", manager_->prefill_quota_bound());
     d.insert("decode_quota_bound", manager_->decode_quota_bound());
+    d.insert("whole_chunk_pages", manager_->whole_chunk_pages());
     return d;
   });
 }

@@ -39,6 +39,8 @@ class KvManagerHolder : public torch::CustomClassHolder {
   void clear_cache();
 
   bool has_sequence(int64_t seq_id);
+  void set_whole_chunks(bool on);
+  bool whole_chunks();
   int64_t num_sequences();
   int64_t num_computed(int64_t seq_id);
   int64_t num_tokens(int64_t seq_id);

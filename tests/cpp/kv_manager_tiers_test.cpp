@@ -2,7 +2,7 @@
 // in a KV tier is admitted as computed but published only by the first
 // commit_prefill (a sequence that ends before leaves nothing unfilled in the
 // prefix cache), refusals change nothing, and published blocks are located
-// where they are.
+// where they are. Whole chunks (set_whole_chunks) come from their reserve.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -118,6 +118,52 @@ TEST_P(Tiers, LocatesPublishedBlocksAndPages) {
   const auto other = tokens(kBs, 9);
   m.locate_blocks(hashes.data(), other.data(), 1, out.data());
   EXPECT_EQ(out[0], -1);
+}
+
+// Admissions until the promises fill the pools, then one step of chunks
+// within max_num_batched_tokens: with whole chunks on, every chunk gets the
+// pages of all its positions from the reserve admission kept apart; off,
+// the pools have no room beyond the promises and only last windows get pages.
+int64_t whole_chunks_of_a_full_step(KvLayout layout, bool whole) {
+  KvManager m(config(layout), pools(layout));
+  m.set_whole_chunks(whole);
+  std::vector<int64_t> ids;
+  const auto prompt_of = [](int64_t id) { return tokens(3 * kBs + 1, static_cast<int32_t>(id + 1)); };
+  for (int64_t id = 0; id < m.config().max_num_seqs; ++id) {
+    const auto p = prompt_of(id);
+    if (m.allocate(id, p.data(), static_cast<int64_t>(p.size())) < 0) break;
+    ids.push_back(id);
+  }
+  EXPECT_GE(ids.size(), 2u);
+  EXPECT_LT(ids.size(), static_cast<size_t>(m.config().max_num_seqs));  // the pools, not max_num_seqs, refused
+  const std::vector<int64_t> step(ids.begin(), ids.begin() + 2);       // 2 * 385 <= 1024 tokens
+  const std::vector<int64_t> counts(2, 3 * kBs + 1);
+  m.ensure_for_tokens(step.data(), counts.data(), 2);
+  m.check_invariants();
+  const int64_t whole_chunks = m.stats().whole_chunks;
+  for (int64_t id : step)
+    for (int64_t j = 0; whole && j <= (3 * kBs) / m.config().swa_page(); ++j)
+      EXPECT_GE(m.swa_table(id)[static_cast<size_t>(j)], 0) << "sequence " << id << " page " << j;
+  const std::vector<int32_t> sampled(2, 5);
+  m.commit_prefill(step.data(), counts.data(), sampled.data(), 2);
+  m.check_invariants();
+  return whole_chunks;
+}
+
+TEST_P(Tiers, WholeChunksComeFromTheirReserveWhenPromisesFillThePools) {
+  EXPECT_EQ(whole_chunks_of_a_full_step(GetParam(), true), 2);
+  EXPECT_EQ(whole_chunks_of_a_full_step(GetParam(), false), 0);
+}
+
+TEST_P(Tiers, WholeChunksAreRefusedWhileLivePromisesHoldTheirReserve) {
+  KvManager m(config(GetParam()), pools(GetParam()));
+  int64_t id = 0;
+  for (auto p = tokens(3 * kBs + 1, 1); m.allocate(id, p.data(), static_cast<int64_t>(p.size())) >= 0; ++id)
+    p = tokens(3 * kBs + 1, static_cast<int32_t>(id + 2));
+  const auto before = m.to_state();
+  EXPECT_THROW(m.set_whole_chunks(true), OutOfSlots);
+  EXPECT_EQ(m.to_state(), before);
+  EXPECT_FALSE(m.whole_chunks());
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, Tiers,

@@ -3,7 +3,7 @@
 against the pure-Python model and against what a hit must be."""
 import pytest
 
-from support.manager_steps import BS, LAYOUTS, pair, prefill, tokens
+from support.manager_steps import BS, LAYOUTS, pair, prefill, state, tokens
 from ukv_torch import KvEventKind, KvRole
 from ukv_torch.testing.kv_manager_model import block_hash
 
@@ -97,18 +97,24 @@ def stored_chain(events, t):
     return len(stored)
 
 
-def tightest(layout, request):
-    """The layout's pools with room for `request` and its promise and nothing beyond it."""
+def tightest(layout, request, whole_chunks=False, **overrides):
+    """The layout's pools with room for `request` and its promise (and, with
+    whole_chunks, the whole-chunk reserve) and nothing beyond it."""
     for units in range(1, 64):
         pools = dict(total_rows=5 * 40 + units * 32) if layout == "row_space" else dict(num_swa_blocks=units)
-        m, model = pair(layout, **pools)
+        m, model = pair(layout, **pools, **overrides)
+        if whole_chunks:
+            if m.quota_bounds()["whole_chunk_pages"] > units:
+                continue
+            m.set_whole_chunks(True)
+            model.set_whole_chunks(True)
         if m.can_allocate(request) >= 0:
             return m, model
     raise AssertionError("no pool admits the request")
 
 
 @layouts
-@pytest.mark.parametrize("room", ["roomy", "tight"])
+@pytest.mark.parametrize("room", ["roomy", "tight", "tight-whole-chunks"])
 def test_a_300_plus_300_prefill_stores_only_blocks_a_later_request_can_hit(layout, room):
     """A 600-token prompt in two 300-token chunks. Without room (tight), a
     chunk's SWA is written from its last window only, so some block
@@ -122,9 +128,17 @@ def test_a_300_plus_300_prefill_stores_only_blocks_a_later_request_can_hit(layou
     before its boundary), tight: the first chunk writes [160, 300) and the
     second [448, 600), so no boundary of a full block has its trailing
     window: nothing is stored (announcing blocks 2 and 3, as a publisher of
-    every full block would, names blocks no request can hit)."""
+    every full block would, names blocks no request can hit).
+
+    With whole chunks on (a KV tier's mode; steps of at most 300 tokens) on
+    the tightest pools that admit the prompt then, both chunks get the pages
+    of all their positions from the reserve admission kept apart: every
+    boundary has its trailing window, all 4 blocks are stored and hit."""
     t = tokens(600, 1)
-    m, model = pair(layout, **ROOMY[layout]) if room == "roomy" else tightest(layout, t)
+    if room == "roomy":
+        m, model = pair(layout, **ROOMY[layout])
+    else:
+        m, model = tightest(layout, t, whole_chunks=room == "tight-whole-chunks", max_num_batched_tokens=300)
     for mgr in (m, model):
         assert mgr.allocate(1, t) == 0
         prefill(mgr, 1, t, chunk=300)
@@ -137,3 +151,54 @@ def test_a_300_plus_300_prefill_stores_only_blocks_a_later_request_can_hit(layou
         assert m.can_allocate(t[:stored * BS] + [5]) == stored * BS
     for blocks in range(1, 5):
         assert m.can_allocate(t[:blocks * BS] + [5]) <= min(blocks, stored) * BS
+    if room == "tight-whole-chunks":
+        assert m.stats()["whole_chunks"] == model.stat["whole_chunks"] == 2
+        assert [m.can_allocate(t[:blocks * BS] + [5]) for blocks in range(1, 5)] == [BS, 2 * BS, 3 * BS, 4 * BS]
+
+
+@layouts
+def test_whole_chunks_keep_their_reserve_apart_and_refuse_what_leaves_no_room_for_it(layout):
+    """Turning whole chunks on takes the reserve from what admission may
+    promise: on the tightest pools of a request without the mode it is refused
+    once the request is live (RuntimeError, nothing changed), and on a fresh
+    manager of that size the request then never fits. A non-bool is a
+    TypeError naming ``on``."""
+    t = tokens(600, 1)
+    m, model = tightest(layout, t, max_num_batched_tokens=300)
+    before = state(m)
+    for bad in (1, None, "yes"):
+        with pytest.raises(TypeError, match="on must be a bool"):
+            m.set_whole_chunks(bad)
+    assert m.allocate(1, t) == model.allocate(1, t) == 0
+    live = state(m)
+    with pytest.raises(RuntimeError, match="no room for the .* SWA pages whole chunks keep apart"):
+        m.set_whole_chunks(True)
+    assert state(m) == live and not m.whole_chunks
+    m.deallocate([1])
+    m.set_whole_chunks(True)
+    model.deallocate([1])
+    model.set_whole_chunks(True)
+    assert m.whole_chunks and state(m) != before
+    assert m.stats()["swa_reserved"] == model.stats()["swa_reserved"] == m.quota_bounds()["whole_chunk_pages"]
+    assert m.can_allocate(t) == model.can_allocate(t) == m.NEVER_FITS
+    m.set_whole_chunks(False)
+    assert m.stats()["swa_reserved"] == 0 and m.can_allocate(t) == 0
+
+
+@layouts
+def test_a_pickled_manager_keeps_whole_chunks_and_the_pages_a_chunk_holds(layout):
+    """Mid-chunk (ensured, not committed) the pages below the window are held:
+    the state carries the mode and them, and the copy continues as the original."""
+    import pickle
+
+    t = tokens(600, 1)
+    m, _ = tightest(layout, t, whole_chunks=True, max_num_batched_tokens=300)
+    assert m.allocate(1, t) == 0
+    m.ensure_for_tokens([1], [300])
+    m2 = pickle.loads(pickle.dumps(m))
+    m2.check_invariants()
+    assert m2.whole_chunks and m2.stats() == m.stats()
+    for mgr in (m, m2):
+        mgr.commit_prefill([1], [300], [-1])
+        prefill(mgr, 1, t, chunk=300)
+    assert state(m2) == state(m)

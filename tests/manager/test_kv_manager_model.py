@@ -63,3 +63,17 @@ def test_reclaiming_slots_from_cached_blocks_keeps_every_promise(seeds):
         reclaimed += run.model.stat["reclaimed_slots"]
         evicted += run.model.stat["compress_evictions"]
     assert reclaimed > 0 and evicted > 0
+
+
+# Whole chunks, as a KV tier runs them: every chunk's pages below its window
+# come from a reserve while the step's chunks stay within it, and beyond it
+# (this engine's steps may exceed max_num_batched_tokens) only from room
+# beyond every promise; the model predicts which, and every read checks
+# what the chunk wrote.
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("name", ["unified-bs128", "static-bs128", "unified-window256-mtp3", "unified-elastic-lend"])
+def test_serving_run_with_whole_chunks_matches_model(name, seed):
+    run = Serving(dict(CONFIGS[name], max_num_batched_tokens=512), seed, whole_chunks=True)
+    run.run(steps=150)
+    assert run.calls > 300
+    assert run.model.stat["whole_chunks"] > 0

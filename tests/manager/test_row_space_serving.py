@@ -37,3 +37,15 @@ def test_serving_reads_what_it_wrote_through_hits_evictions_and_moves(name):
         totals["evictions"] += run.evictions
         totals["preemptions"] += run.preemptions
     assert all(totals.values()), totals
+
+
+@pytest.mark.parametrize("name", ["page32-mtp2", "page64-mtp1"])
+def test_whole_chunks_read_what_they_wrote_and_match_the_model(name):
+    """Whole chunks (a KV tier's mode) on tight rows: their pages take rows
+    that cached units give up or live ones leave by moving."""
+    whole = 0
+    for seed in SEEDS:
+        run = RowSpaceServing(dict(CONFIGS[name], max_num_batched_tokens=512), seed, whole_chunks=True)
+        run.run(steps=400)
+        whole += run.cpp.stats()["whole_chunks"]
+    assert whole > 0

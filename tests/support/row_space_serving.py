@@ -99,8 +99,8 @@ def check_copy_order(copies, total):
 class RowSpaceServing(Serving):
     """Serving's engine on a row-space manager, its KV in a RowSpaceMemory."""
 
-    def __init__(self, cfg, seed):
-        super().__init__(cfg, seed)
+    def __init__(self, cfg, seed, whole_chunks=False):
+        super().__init__(cfg, seed, whole_chunks)
         self.placement = {}     # seq id -> (envelope per block, unit per page) as last staged
         self.units = {}         # ("env", block) / ("swa", page) -> its rows, as last staged
         self.evictions = 0      # cached units the row space evicted to make room
@@ -189,7 +189,7 @@ class RowSpaceServing(Serving):
         """E * (the live blocks' envelopes, bound or reserved, + the request's
         fresh blocks + its free hits) + U * max(reserved pages + its quota,
         held SWA pages) <= R, from the model's tables and hit; NEVER_FITS when
-        even empty rows cannot."""
+        even empty rows cannot (with the reserves that stay when nothing is live)."""
         model, pools, bs = self.model, self.cpp.pools, self.bs
         nb = -(-len(tokens) // bs)
         quota = model._quota_for(nb, False)
@@ -203,7 +203,7 @@ class RowSpaceServing(Serving):
             units = max(model.swa_reserved + quota, model.swa.held_slots())
             if len(model.free) >= nb - (len(hits) - free_hits) and E * envelopes + U * units <= R:
                 want = len(hits) * bs
-        pages = quota + model._checkpoint_reserve()
+        pages = quota + model._checkpoint_reserve() + model._chunk_reserve(0)
         if want == NOT_NOW and (nb > pools.num_logical_blocks or nb * E + pages * U > R):
             want = NEVER_FITS
         assert self.cpp.can_allocate(tokens, salt=salt) == want

@@ -135,12 +135,14 @@ def adopt(model, state):
     model.seqs = dict(read_sequence(r, ppb) for _ in range(r.next()))
     for s in model.seqs.values():
         s.phys = [list(s.logical) for _ in range(model.num_types)]
-    model.swa_reserved = sum(s.swa_quota + s.extra_pages for s in model.seqs.values()) + model._checkpoint_reserve()
     model.rows.reserved = sum(1 for s in model.seqs.values() for b in s.logical if b not in env_bound)
     model.events.next_seq_no = r.next()
     model.events.events = read_events(r)
     model.stat = dict(zip(STAT_ORDER, r.take(len(STAT_ORDER))))
     assert r.next() == 0, "the manager has row copies made by KV tier loads, which the model does not make"
+    model.whole_chunks = r.next() == 1
+    model.swa_reserved = sum(s.swa_quota for s in model.seqs.values()) + model._checkpoint_reserve() + \
+        model._chunk_reserve(model._extra_pages())
     assert r.pos == len(state), "the manager's state has more than adopt() reads"
     assert pools.total_rows == model.rows.total_rows
 

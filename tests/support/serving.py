@@ -70,11 +70,14 @@ class DeviceMemory:
 class Serving:
     """Drives both managers through one engine run and checks after every call."""
 
-    def __init__(self, cfg, seed):
+    def __init__(self, cfg, seed, whole_chunks=False):
         self.cfg = cfg
         self.rng = random.Random(seed)
         self.cpp = ukv_torch.KvManager(**cfg)
         self.model = KvManagerModel(**cfg)
+        if whole_chunks:  # as a KV tier runs them
+            self.cpp.set_whole_chunks(True)
+            self.model.set_whole_chunks(True)
         self.bs = cfg["block_size"]
         self.page = self.cpp.config.swa_page
         self.ks, self.ratios = list(self.cpp.config.compress_ks), list(self.cpp.config.compress_ratios)
@@ -401,7 +404,7 @@ class Serving:
         stats = self.cpp.stats()
         assert stats["num_sequences"] == 0
         assert stats["free_logical_blocks"] == self.cpp.pools.num_logical_blocks
-        reserve = self.model.swa.checkpoint_capacity if self.model.swa else 0
+        reserve = (self.model.swa.checkpoint_capacity if self.model.swa else 0) + self.model._chunk_reserve(0)
         assert stats["swa_reserved"] == reserve
         # Only checkpoint pins may still hold SWA slots; dropping the cache drops them.
         assert stats["held_swa_slots"] == (len(self.model.swa.lru) if self.model.swa else 0)

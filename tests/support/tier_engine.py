@@ -21,9 +21,9 @@ class TierEngine:
     """A manager, its KV tensors (random bytes), and a TierCache over ``backends``."""
 
     def __init__(self, layout: str, backends, *, page: int = 32, budget_kib: int = 256, seed: int = 0,
-                 device: str = "cpu"):
+                 device: str = "cpu", max_num_batched_tokens: int = 1024):
         config = ServeConfig(layout=layout, window=WINDOW, block_size=BS, compress_ratios=(4, 128), max_num_seqs=8,
-                             max_num_batched_tokens=1024, max_blocks_per_seq=16, swa_sizing="step",
+                             max_num_batched_tokens=max_num_batched_tokens, max_blocks_per_seq=16, swa_sizing="step",
                              swa_page_tokens=page if layout == "row_space" else 0)
         self.plan = plan_kv_layout(budget_kib << 10, MODEL, config)
         self.kv = allocate_unified_kv(self.plan, dtype=torch.uint8, rope_dtype=torch.int16, device=device)
@@ -74,8 +74,9 @@ class TierEngine:
                 out.append(self.kv.indexer[layer][phys if row_space else logical].cpu().numpy().tobytes())
         return out
 
-    def position_bytes(self, seq_id: int, position: int) -> List[bytes]:
-        """Every layer's SWA row of a position (through the staged SWA table)."""
+    def swa_planes(self, seq_id: int, position: int):
+        """Every layer's SWA row of a position (through the staged SWA table), as
+        (plane, row) pairs: the KV plane's and the RoPE plane's."""
         out, page = [], self.plan.config.swa_page
         unit = int(self.mgr.staged_swa_table(seq_id)[position // page])
         assert unit >= 0, f"position {position} has no SWA page"
@@ -84,10 +85,21 @@ class TierEngine:
             swa_slot_mapping(torch.tensor([[unit]], dtype=torch.int32), torch.tensor([position % page]),
                              torch.zeros(1, dtype=torch.int32), rows, block_size=BS,
                              swa_rows=list(self.plan.swa_rows(ratio)))
-            row = int(rows[0])
-            for plane in (self.kv.kv[layer], self.kv.rope[layer]):
-                out.append(plane[row].contiguous().view(torch.uint8).cpu().numpy().tobytes())
+            out += [(plane, int(rows[0])) for plane in (self.kv.kv[layer], self.kv.rope[layer])]
         return out
+
+    def position_bytes(self, seq_id: int, position: int) -> List[bytes]:
+        """Every layer's SWA row of a position."""
+        return [plane[row].contiguous().view(torch.uint8).cpu().numpy().tobytes()
+                for plane, row in self.swa_planes(seq_id, position)]
+
+    def write_swa(self, seq_id: int, positions, seed: int) -> None:
+        """The model's SWA writes: random bytes into every layer's row of each position."""
+        gen = torch.Generator().manual_seed(seed)
+        for position in positions:
+            for plane, row in self.swa_planes(seq_id, position):
+                target = plane[row].view(torch.uint8)
+                target.copy_(torch.randint(0, 256, target.shape, generator=gen, dtype=torch.uint8))
 
 
 def host(mib: int = 64) -> HostTier:

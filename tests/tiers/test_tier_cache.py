@@ -1,13 +1,16 @@
 """TierCache over a HostTier: what the objects hold (against the rows read
 directly), restoring across layouts and page sizes, fail-closed faults
 (flipped bytes, truncated, another model's fingerprint, another salt), loads
-dropped for sequences that ended, and saves refused while row copies are
-pending."""
+dropped for sequences that ended, saves refused while row copies are
+pending, and tails at every block boundary of a prompt prefilled under
+memory pressure (whole chunks), saved before the next step reuses their rows."""
 import pytest
 import torch
 
 from ukv_torch.tiers import TierCache
 from ukv_torch.tiers.keys import chain_keys, key_name, root_key, tail_key
+from ukv_torch.tiers.objects import BLOCK, TAIL
+from ukv_torch.tiers.staging import aligned
 
 from support.tier_engine import BS, WINDOW, TierEngine, host, prompt
 
@@ -153,7 +156,7 @@ def test_a_refused_admission_loads_nothing_and_changes_nothing():
 def test_saving_while_row_copies_are_pending_is_refused():
     """The guard: a published block is read where the manager has it after the step's
     row copies; before they are taken (stage), the rows it names may not hold it yet."""
-    e = TierEngine("row_space", [host()], budget_kib=24)
+    e = TierEngine("row_space", [host()], budget_kib=24, max_num_batched_tokens=256)
     rng = torch.Generator().manual_seed(3)
     events, live = [], []
     for seq in range(200):
@@ -188,3 +191,102 @@ def test_objects_found_in_a_later_tier_are_copied_into_the_earlier_ones():
     blocks, tails = object_names(a, p)
     assert near.contains(blocks) == [True] * 5 and near.contains(tails[-1:]) == [True]
     assert b.tiers.stats()["host_fetched_objects"] == 6  # both are HostTiers: the counter is by name
+
+
+STEP = 512  # max_num_batched_tokens of the tight engine below
+TAIL_3 = range(3 * BS - (WINDOW - 1), 3 * BS)  # the window before block boundary 3
+
+
+def prefill_in_steps(e, seq_id, p, seed, save=True):
+    """Admit through the tiers, compute the prompt in steps of at most STEP tokens
+    (the model writes random bytes into every SWA row the manager gave), and
+    save each step's events after its commit (save=False: return them instead).
+    Returns the rows and bytes of TAIL_3 as the first step wrote them, and the
+    events not saved."""
+    assert e.tiers.admit(e.mgr, seq_id, p) == 0
+    written, events = None, []
+    for start in range(0, len(p), STEP):
+        n = min(STEP, len(p) - start)
+        e.mgr.ensure_for_tokens([seq_id], [n])
+        e.step_rows([seq_id])
+        e.write_swa(seq_id, range(start, start + n), seed + start)
+        if start == 0:
+            rows = [pr for position in TAIL_3 for pr in e.swa_planes(seq_id, position)]
+            written = (rows, [plane[row].clone() for plane, row in rows])
+        e.mgr.commit_prefill([seq_id], [n], [7 if start + n == len(p) else -1])
+        if save:
+            e.tiers.save(e.mgr, e.mgr.take_events())
+        else:
+            events += e.mgr.take_events()
+    return written, events
+
+
+def tight_engine_reusing_interior_rows(tier, save_first):
+    """A prompt of 6 blocks prefilled in two steps on rows so tight that the next
+    request's chunks take every row of its tail before block boundary 3 (the
+    first chunk's pages below its window, freed at its commit). save_first:
+    the prompt's steps save as the serving loop says; otherwise their events
+    are saved only after the next request's step."""
+    e = TierEngine("row_space", [tier], budget_kib=40, max_num_batched_tokens=STEP)
+    p = prompt(1, 6 * BS + 1)
+    (rows, tail_bytes), late = prefill_in_steps(e, 0, p, seed=1, save=save_first)
+    blocks = [e.block_bytes(0, block) for block in range(3)]
+    assert e.mgr.whole_chunks and e.mgr.stats()["whole_chunks"] == 2
+    e.mgr.deallocate([0])
+    prefill_in_steps(e, 1, prompt(2, 6 * BS + 1), seed=2)
+    assert all(not torch.equal(plane[row], b) for (plane, row), b in zip(rows, tail_bytes))  # all reused
+    if late:
+        e.tiers.save(e.mgr, late)
+    e.tiers.flush()
+    return p, blocks, [b.view(torch.uint8).numpy().tobytes() for b in tail_bytes]
+
+
+def test_under_pressure_every_block_boundary_gets_a_tail_saved_before_its_rows_are_reused():
+    """Whole chunks: the first chunk writes and publishes the window before
+    boundary 3 too (without them it writes only its last window, and no load
+    could end there); the save reads it at the commit, so the tail object
+    holds those bytes though the next step's chunks overwrote the rows."""
+    tier = host()
+    p, blocks, tail_bytes = tight_engine_reusing_interior_rows(tier, save_first=True)
+    _, tails = object_names(TierEngine("row_space", [tier]), p)
+    assert tier.contains(tails) == [True] * 5  # boundaries 1..5 (6 is not a full block boundary of the prompt)
+    b = TierEngine("row_space", [tier], seed=9)  # another engine: nothing of p in its HBM
+    q = p[:3 * BS] + prompt(5, 60)
+    assert b.tiers.admit(b.mgr, 3, q) == 3 * BS
+    b.mgr.ensure_for_tokens([3], [len(q) - 3 * BS])
+    b.step_rows([3])
+    b.tiers.fill(b.mgr)
+    assert [b.block_bytes(3, block) for block in range(3)] == blocks
+    assert [x for position in TAIL_3 for x in b.position_bytes(3, position)] == tail_bytes
+
+
+def test_a_late_save_stores_no_tail_whose_rows_were_reused():
+    """Saved only after the next request's step: the pages of the tail before
+    boundary 3 were evicted for that step's chunks, so the manager no longer
+    locates them and no tail object of other bytes is stored there."""
+    tier = host()
+    p, _, _ = tight_engine_reusing_interior_rows(tier, save_first=False)
+    _, tails = object_names(TierEngine("row_space", [tier]), p)
+    assert tier.contains(tails[2:3]) == [False]
+    b = TierEngine("row_space", [tier], seed=9)
+    assert b.tiers.admit(b.mgr, 3, p[:3 * BS] + prompt(5, 60)) < 3 * BS
+
+
+def test_a_small_staging_saves_a_step_in_pieces_and_loads_what_it_holds():
+    """Staging for a tail and 8 blocks: a step of whole chunks publishes 4 blocks
+    and their 4 tails, saved in pieces that fit (not dropped as one save too
+    large), and a load of the 10-block prompt stops at the 8 blocks and the
+    tail the staging holds (not nothing, for want of room for all 10)."""
+    tier = host()
+    a, b = TierEngine("row_space", [tier]), TierEngine("row_space", [tier], seed=9)
+    layout = a.tiers.layout
+    block, tail = aligned(layout.object_bytes(BLOCK)), aligned(layout.object_bytes(TAIL))
+    assert 4 * (block + tail) > tail + 8 * block
+    for e in (a, b):
+        e.tiers = TierCache(e.plan, e.kv, [tier], staging_bytes=tail + 8 * block)
+    p = prompt(1, 10 * BS + 1)
+    prefill_in_steps(a, 0, p, seed=1)
+    keys = chain_keys(root_key(layout.fingerprint, None), p, BS, 10)
+    assert tier.contains([key_name(k) for k in keys] + [key_name(tail_key(k)) for k in keys]) == [True] * 20
+    assert a.tiers.stats()["dropped_saves"] == 0
+    assert b.tiers.admit(b.mgr, 3, p) == 8 * BS

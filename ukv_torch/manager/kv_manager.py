@@ -144,12 +144,35 @@ class KvManager:
         ``[num_computed, num_computed + counts[i])``.
 
         Always the pages of the chunk's last ``window`` positions, and those of
-        the whole chunk when the pools have room beyond every promise made
-        (``stats()["whole_chunks"]``). The positions that got pages are the ones
+        the whole chunk with :meth:`set_whole_chunks` on (for a step's chunks
+        within max_num_batched_tokens) or when the pools have room beyond every
+        promise made (``stats()["whole_chunks"]`` counts them). The positions that got pages are the ones
         :func:`ukv_torch.swa_slot_mapping` maps to a row: the model writes SWA KV
         there. Once per chunk, with its exact count, which commit_prefill then
         commits. Not for decoding sequences."""
         self.torch_object.ensure_for_tokens(_ids(seq_ids), _ids(counts, "counts"))
+
+    def set_whole_chunks(self, on: bool) -> None:
+        """Whole chunks (a KV tier turns them on: :class:`ukv_torch.tiers.TierCache`):
+        every prefill chunk gets the SWA pages of all its positions, so every block
+        boundary inside a prompt has its trailing window written and published,
+        and a tier saves a tail object there (a later load can end there).
+
+        The pages below a chunk's window come from a reserve of
+        ``quota_bounds()["whole_chunk_pages"]`` pages (enough for a step's chunks
+        within max_num_batched_tokens) that admission keeps apart, and go back at
+        the chunk's commit; beyond it a chunk is whole only where the pools have
+        room, as with the mode off. Turning it on while the live sequences'
+        promises leave no room for the reserve is a RuntimeError, nothing
+        changed: turn it on before admitting. ``on`` not a bool is a TypeError."""
+        if not isinstance(on, bool):
+            raise TypeError(f"set_whole_chunks: on must be a bool, got {on!r}")
+        self.torch_object.set_whole_chunks(on)
+
+    @property
+    def whole_chunks(self) -> bool:
+        """Whether :meth:`set_whole_chunks` is on."""
+        return self.torch_object.whole_chunks()
 
     def commit_prefill(self, seq_ids: IntsLike, counts: IntsLike, sampled: Optional[IntsLike] = None) -> None:
         """After the forward: the chunks' KV was computed.
@@ -313,7 +336,8 @@ class KvManager:
         return dict(self.torch_object.stats())
 
     def quota_bounds(self) -> Dict[str, int]:
-        """SWA quota bounds in pages: tail_pages (the hit's trailing window), prefill_quota_bound, decode_quota_bound."""
+        """SWA quota bounds in pages: tail_pages (the hit's trailing window), prefill_quota_bound,
+        decode_quota_bound, and whole_chunk_pages (the reserve of :meth:`set_whole_chunks`)."""
         return dict(self.torch_object.quota_bounds())
 
     def take_events(self) -> List[KvEvent]:

@@ -24,6 +24,8 @@ the C++ computes them:
   placeholders, the trailing-window hit gate, the chunk's last window always
   and its whole span where the pools have room beyond every promise,
   freeing with the computed length, sparse checkpoints pinned in an LRU.
+  Whole chunks (set_whole_chunks, for a KV tier): every chunk's span from a
+  reserve kept apart for a step's chunks, beyond it only where there is room.
   Only fully written pages are published, and blocks only up to a boundary
   whose SWA tail was written (a later request can hit exactly those).
 - Admission is a promise: each live sequence holds an SWA quota (in pages),
@@ -156,6 +158,7 @@ class KvManagerModel(CompressBindings):
         elif self.swa:
             self.swa.source = SlotPool(num_swa_blocks, 0, bs, 0)
         self.seqs: Dict[int, _Seq] = {}
+        self.whole_chunks = False
         self.swa_reserved = capacity
         self.stat = dict.fromkeys(
             ["admissions", "admission_refusals", "appends", "append_refusals", "prefix_query_blocks",
@@ -168,13 +171,20 @@ class KvManagerModel(CompressBindings):
         chunk writes; decoding, the window of the first query plus two steps of
         speculative positions."""
         window, page = self.window, self.page
-        self.tail_pages = self.prefill_peak = self.decode_peak = 0
+        self.tail_pages = self.prefill_peak = self.decode_peak = self.whole_chunk_pages = 0
         if window <= 0:
             return
         self.tail_pages = max(1, ceil_div(window + self.mtp_k - 1, page))
         chunk = span(max_num_batched_tokens if self.full_retain else window, page)
         self.prefill_peak = max(self.tail_pages, span(window, page)) + chunk
         self.decode_peak = span(window + 2 * (1 + self.mtp_k) - 1, page)
+        # Whole chunks' reserve: a chunk of c tokens from position p writes
+        # (p % page + c - window) // page pages below its last window, so a
+        # step's chunks (max_num_batched_tokens tokens, at most max_num_seqs
+        # of them) need at most this many.
+        if not self.full_retain:
+            self.whole_chunk_pages = (max_num_batched_tokens +
+                                      self.max_num_seqs * max(0, page - 1 - window)) // page
 
     def _slot_pools(self, borrow_unreleased=None):
         """The unified layout's per-type pools and the shared SWA space over them, all free."""
@@ -195,6 +205,26 @@ class KvManagerModel(CompressBindings):
 
     def _checkpoint_reserve(self):
         return self.swa.checkpoint_capacity if self.swa else 0
+
+    def _chunk_reserve(self, extra):
+        """What is reserved for pages below chunks' windows when they hold `extra`."""
+        return max(self.whole_chunk_pages if self.whole_chunks else 0, extra)
+
+    def _extra_pages(self):
+        return sum(s.extra_pages for s in self.seqs.values())
+
+    def _set_extra_pages(self, s, pages):
+        before = self._chunk_reserve(self._extra_pages())
+        s.extra_pages = pages
+        self.swa_reserved += self._chunk_reserve(self._extra_pages()) - before
+
+    def set_whole_chunks(self, on):
+        extra = self._extra_pages()
+        more = max(self.whole_chunk_pages if on else 0, extra) - self._chunk_reserve(extra)
+        if more > 0 and not self._capacity_ok(more, 0):
+            raise RuntimeError("set_whole_chunks: no room for the reserve")
+        self.whole_chunks = on
+        self.swa_reserved += more
 
     def _on_swa_evicted(self, slot):
         self.swa.evict(slot)
@@ -338,7 +368,7 @@ class KvManagerModel(CompressBindings):
         return self._slot_pools(borrow_unreleased=True)[1].can_serve(pages, blocks, [])
 
     def _refusal(self, nb):
-        pages = self._quota_for(nb, False) + self._checkpoint_reserve()
+        pages = self._quota_for(nb, False) + self._checkpoint_reserve() + self._chunk_reserve(0)
         return NOT_NOW if self._fits_empty_pools(nb, pages) else NEVER_FITS
 
     def can_allocate(self, tokens, salt=None) -> int:
@@ -419,20 +449,21 @@ class KvManagerModel(CompressBindings):
         s.write_lo = max(s.num_computed, first * self.page)
 
     def _ensure_whole_chunk(self, s):
-        """The pages below the chunk's window, when the pools have them beyond every
-        promise (the row space: from rows no unit holds); they count as reserved
-        until the commit."""
+        """The pages below the chunk's window: from the whole-chunk reserve while it
+        lasts, beyond it when the pools have them beyond every promise (the row
+        space: from rows no unit holds); they count as reserved until the commit."""
         if s.write_lo == s.num_computed:
             return False
         below = range(self._page_of(s.num_computed), self._page_of(s.write_lo))
         missing = sum(1 for j in below if s.swa[j] < 0)
-        if not self._capacity_ok(missing, 0):
+        extra = self._extra_pages()
+        more = self._chunk_reserve(extra + missing) - self._chunk_reserve(extra)
+        if more > 0 and not self._capacity_ok(more, 0):
             return False
-        if self.rows and self.rows.unheld_rows() < missing * self.rows.swa.rows:
+        if more > 0 and self.rows and self.rows.unheld_rows() < missing * self.rows.swa.rows:
             return False
         self._alloc_missing(s, below)
-        s.extra_pages += missing
-        self.swa_reserved += missing
+        self._set_extra_pages(s, s.extra_pages + missing)
         s.write_lo = s.num_computed
         return True
 
@@ -508,8 +539,8 @@ class KvManagerModel(CompressBindings):
         self._publish_full_blocks(s)
         self._free_out_of_window(s, end)  # the computed length: later chunks still need the rest
         if n > 0:  # the pages below the window were the chunk's only
-            self.swa_reserved -= s.extra_pages
-            s.extra_pages = s.ensured = 0
+            self._set_extra_pages(s, 0)
+            s.ensured = 0
         if tok >= 0:
             s.tokens.append(tok)
             if self.swa:  # decoding from here on: the quota shrinks to the decode bound
@@ -588,7 +619,10 @@ class KvManagerModel(CompressBindings):
 
     def deallocate(self, seq_ids):
         for sid in seq_ids:
-            s = self.seqs.pop(sid)
+            s = self.seqs[sid]
+            self.swa_reserved -= s.swa_quota
+            self._set_extra_pages(s, 0)
+            del self.seqs[sid]
             for b in reversed(s.logical):
                 self.ref[b] -= 1
                 if self.ref[b] == 0:
@@ -598,7 +632,6 @@ class KvManagerModel(CompressBindings):
                 for w in reversed(s.swa):
                     if w >= 0:
                         self.swa.release(w)
-            self.swa_reserved -= s.swa_quota + s.extra_pages
 
     def clear_cache(self):
         self.by_hash.clear()

@@ -4,7 +4,9 @@
 - ``save(mgr, events)`` after each step's commit: every compress block the
   step published (a Stored event) is written through to the tiers as a block
   object, with its tail object where the SWA rows of its trailing window are
-  published too. The rows are gathered on the step's stream, so no later
+  published too. The manager runs whole chunks (``KvManager.set_whole_chunks``,
+  which ``admit`` turns on), so that is every block boundary of a prompt, not
+  only those a chunk's last window covers: a load can end at any of them. The rows are gathered on the step's stream, so no later
   step can reuse or move them before they are read; the copy to host memory
   runs on a side stream, and the objects reach the backends once it has
   completed (``poll``). Nothing waits: a staging buffer without room drops
@@ -37,7 +39,7 @@ from .staging import Staging, aligned
 
 __all__ = ["TierCache"]
 
-_STAGING_OBJECTS = 64  # default staging: this many objects of the larger kind
+_STAGING_OBJECTS = 64  # default staging: at least this many objects of the larger kind
 
 
 @dataclass
@@ -63,9 +65,11 @@ class TierCache:
     """The tiers of one engine (``backends``, searched in order) over the KV tensors
     ``kv`` of ``plan`` (None: sizes only, for capacity studies; see ObjectLayout).
 
-    ``staging_bytes``: host memory for the objects in flight (default: 64
-    objects of the larger kind); a save that finds no room is dropped, a load
-    that finds none loads nothing. Construction checks everything first and
+    ``staging_bytes``: host memory for the objects in flight (default: room
+    for a step's saves, the blocks of max_num_batched_tokens and their tails,
+    beside one load of max_blocks_per_seq blocks; at least 64 objects of the
+    larger kind); a save that finds no room is dropped, a load that finds none
+    loads nothing, and no load is longer than the staging holds. Construction checks everything first and
     raises ValueError naming the argument: no backend, a backend whose
     capacity_bytes is below one object, staging below one load's objects."""
 
@@ -80,11 +84,17 @@ class TierCache:
             if 0 <= capacity < largest:  # (a backend that cannot tell reports -1)
                 raise ValueError(f"TierCache: the {b.name} tier's capacity_bytes={capacity} is smaller than one "
                                  f"tier object ({largest} bytes for this model)")
-        staging_bytes = _STAGING_OBJECTS * aligned(largest) if staging_bytes is None else staging_bytes
+        config = plan.config
+        block, tail = aligned(layout.object_bytes(BLOCK)), aligned(layout.object_bytes(TAIL))
+        if staging_bytes is None:
+            step_blocks = -(-config.max_num_batched_tokens // config.block_size)
+            staging_bytes = max(_STAGING_OBJECTS * aligned(largest),
+                                step_blocks * (block + tail) + config.max_blocks_per_seq * block + tail)
         if staging_bytes < 2 * aligned(largest):
             raise ValueError(f"TierCache: staging_bytes must hold a block and a tail object ({2 * aligned(largest)} "
                              f"bytes), got {staging_bytes}")
-        self.plan, self.config, self.layout, self.backends = plan, plan.config, layout, backends
+        self.plan, self.config, self.layout, self.backends = plan, config, layout, backends
+        self._block_bytes, self._tail_bytes = block, tail
         self.device = layout.device
         self.cuda = self.device is not None and self.device.type == "cuda"
         self.staging = Staging(staging_bytes, pinned=self.cuda)
@@ -116,8 +126,11 @@ class TierCache:
                 key = self.chain.key_of(ev)
                 if key is not None and not all(self._contains([key_name(key)], b)[0] for b in self.backends):
                     blocks.append((key, ev))
-        if blocks:
-            self._save_blocks(mgr, blocks)
+        # In pieces of at most half the staging: a step of whole chunks publishes
+        # every block with its tail, which a smaller staging saves in part.
+        piece = max(1, self.staging.size // (2 * (self._block_bytes + self._tail_bytes)))
+        for i in range(0, len(blocks), piece):
+            self._save_blocks(mgr, blocks[i: i + piece])
 
     def _save_blocks(self, mgr, blocks) -> None:
         prefix_hash, hashes = self.config.prefix_hash, [ev.block_hash for _, ev in blocks]
@@ -184,8 +197,15 @@ class TierCache:
         the HBM hit loaded: same answers (the cached prefix in tokens, or NOT_NOW /
         NEVER_FITS with nothing changed). ``max_load_tokens`` bounds what one
         admission loads (None: what the tiers hold; in the row space the manager
-        also bounds it by its copy list's share for loads in this step)."""
+        also bounds it by its copy list's share for loads in this step).
+
+        The first admission turns the manager's whole chunks on
+        (``KvManager.set_whole_chunks``), which keeps a reserve of SWA pages
+        apart: make it before the manager admits requests by itself (a
+        RuntimeError otherwise, if their promises leave no room)."""
         self.cancel_loads([seq_id])
+        if self.config.enable_prefix_caching and not mgr.whole_chunks:
+            mgr.set_whole_chunks(True)  # a tail at every block boundary of a prompt
         tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
         load = self._find(mgr, tokens, salt, max_load_tokens)
         cached = mgr.allocate(seq_id, tokens, salt=salt, loaded_tokens=0 if load is None else load.end)
@@ -213,6 +233,7 @@ class TierCache:
         first, last = hit // bs, (len(tokens) - 1) // bs
         if max_tokens is not None:
             last = min(last, first + max(0, max_tokens) // bs)
+        last = min(last, first + (self.staging.size - self._tail_bytes) // self._block_bytes)  # it fits the staging
         if last <= first:
             return None
         keys = chain_keys(root_key(self.layout.fingerprint, salt), tokens, bs, last)

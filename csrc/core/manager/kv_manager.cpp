@@ -58,6 +58,14 @@ KvManager::KvManager(const ServeConfig& config, const PoolSizes& pools)
     // prompt, held pages (one window) never exceed the decode bound.
     prefill_peak_ = std::max(tail_pages_, span_pages(serve_.window, page_)) + chunk_span;
     decode_peak_ = span_pages(serve_.window + 2 * (1 + serve_.mtp_k) - 1, page_);
+    // A chunk of c tokens from position p holds floor((p % page + c - window)
+    // / page) pages below its last window, at most floor((c + page - 1 -
+    // window) / page): over a step's chunks (max_num_batched_tokens tokens,
+    // max_num_seqs chunks) no more than this. Full retain's quota already
+    // covers whole chunks.
+    if (!serve_.full_retain)
+      whole_chunk_pages_ = (serve_.max_num_batched_tokens +
+                            serve_.max_num_seqs * std::max<int64_t>(0, page_ - 1 - serve_.window)) / page_;
   }
   retention_blocks_ = serve_.retention_interval / bs;
   const bool sparse = serve_.full_retain && retention_blocks_ > 0;
@@ -165,7 +173,8 @@ void KvManager::apply_deallocate(int64_t seq_id) {
   if (swa_)
     for (auto it = s.swa.rbegin(); it != s.swa.rend(); ++it)
       if (*it >= 0) swa_->release(*it);
-  swa_reserved_ -= s.swa_quota + s.extra_pages;
+  swa_reserved_ -= s.swa_quota;
+  set_extra_pages(s, 0);
   seqs_.erase(seq_id);
 }
 

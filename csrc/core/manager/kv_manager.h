@@ -10,8 +10,9 @@
 // quota: an upper bound on the SWA blocks it can hold at once (window spans of
 // the previous and the current chunk, or the decode window plus speculative
 // tokens). The manager keeps   SWA capacity (free + held slots) >= sum of
-// quotas + checkpoint reserve   at all times, and checks compress borrowing
-// against the SWA demand still outstanding, so no later ensure_for_tokens or
+// quotas + checkpoint reserve (+ the whole-chunk reserve, set_whole_chunks)   at
+// all times, and checks compress borrowing against the SWA demand still
+// outstanding, so no later ensure_for_tokens or
 // append can run out of slots (upstream's separate SWA and compress checks
 // could count one released slot twice and crash there). Re-allocating a free
 // logical block that still holds a binding is net-zero and not counted as
@@ -168,6 +169,21 @@ class KvManager {
   // What allocate_loaded would answer now (a refusal, or how far the sequence's
   // computed prefix would reach); changes nothing.
   int64_t can_allocate_loaded(const int32_t* tokens, int64_t n, int64_t loaded, uint64_t salt = 0) const;
+  // Whole chunks (the tier layer turns it on): every prefill chunk gets the
+  // SWA pages of all its positions, not only of its last window, so each
+  // block boundary inside a prompt has its trailing window written and
+  // published, and a tier can save a tail object there. The pages below a
+  // chunk's window come from a reserve of whole_chunk_pages() pages that
+  // every admission keeps apart (counted in swa_reserved), enough for a
+  // step's chunks within max_num_batched_tokens; they go back at the chunk's
+  // commit. Beyond the reserve (chunks of earlier steps not yet committed, a
+  // step over the budget) a chunk is whole only where the pools have room
+  // beyond every promise, as with the mode off. Turning it on is refused
+  // (OutOfSlots, nothing changed) while the live sequences' promises leave no
+  // room for the reserve.
+  void set_whole_chunks(bool on);
+  bool whole_chunks() const { return whole_chunks_; }
+  int64_t whole_chunk_pages() const { return whole_chunk_pages_; }
   // Where the blocks (and SWA pages) with these hashes and tokens (block_size,
   // resp. swa_page, tokens each, concatenated) hold their KV now, live or
   // cached: per block its logical id then its phys_table entry per table
@@ -344,6 +360,12 @@ class KvManager {
   int64_t loadable(const int32_t* tokens, int64_t n, int64_t loaded, uint64_t salt) const;
   void check_loaded(int64_t n, int64_t loaded) const;
   int64_t missing_swa_pages(const Sequence& s, int64_t num_new_tokens) const;
+  // The reservation held for pages below chunks' windows: the whole-chunk
+  // reserve while the mode is on, or what the chunks hold, the larger.
+  int64_t chunk_reserve(int64_t extra_pages) const {
+    return std::max(whole_chunks_ ? whole_chunk_pages_ : 0, extra_pages);
+  }
+  void set_extra_pages(Sequence& s, int64_t pages);
   // Pages [first, last] of the sequence's positions written this chunk.
   std::pair<int64_t, int64_t> chunk_pages(const Sequence& s, int64_t num_new_tokens) const;
   void check_ensure(int64_t seq_id, int64_t num_new_tokens) const;
@@ -398,7 +420,10 @@ class KvManager {
   SlotList reclaimable_;                             // busy shared slots holding only cached bindings
   SlotList unbound_free_;                            // row space: free logical blocks without an envelope
   std::unordered_map<int64_t, Sequence> seqs_;
-  int64_t swa_reserved_ = 0;                         // sum of quotas + checkpoint reserve
+  int64_t swa_reserved_ = 0;                         // sum of quotas + checkpoint reserve + chunk_reserve(extra_pages_)
+  bool whole_chunks_ = false;
+  int64_t whole_chunk_pages_ = 0;                    // the whole-chunk reserve (set_whole_chunks)
+  int64_t extra_pages_ = 0;                          // the sequences' extra_pages, summed
   // Row space: blocks of live sequences that have no envelope yet (a chunk
   // binds its blocks' envelopes when ensure_for_tokens reaches them).
   int64_t envelopes_reserved_ = 0;

@@ -343,11 +343,11 @@ KvManager::Admission KvManager::admission(const int32_t* tokens, int64_t n, uint
 }
 
 // Whether the request would fit with no sequence live: everything it needs
-// (its blocks, and its SWA quota with the checkpoint reserve) within what the
-// pools hold in all. Asked only of a refused request.
+// (its blocks, and its SWA quota with the checkpoint and whole-chunk
+// reserves) within what the pools hold in all. Asked only of a refused request.
 bool KvManager::fits_empty_pools(int64_t blocks, int64_t quota) const {
   if (blocks > pools_.num_logical_blocks) return false;
-  const int64_t pages = quota + checkpoint_reserve();
+  const int64_t pages = quota + checkpoint_reserve() + chunk_reserve(0);
   if (rows_)
     return blocks * pools_.envelope_rows + pages * pools_.swa_unit_rows <= pools_.total_rows;
   if (!coord_) return !swa_ || pages <= pools_.num_swa_blocks;

@@ -15,7 +15,7 @@ void KvManager::check_invariants() const {
   if (swa_) swa_->check_invariants();
   std::vector<int64_t> logical_refs(static_cast<size_t>(pools_.num_logical_blocks), 0);
   std::vector<int64_t> swa_refs(static_cast<size_t>(swa_ ? pools_.num_swa_blocks : 0), 0);
-  int64_t quotas = 0, unbound = 0;
+  int64_t quotas = 0, extras = 0, unbound = 0;
   for (const auto& [id, s] : seqs_) {
     const size_t len = s.logical.size();
     require<StateError>(s.swa.size() == len * static_cast<size_t>(ppb_), "sequence ", id,
@@ -53,7 +53,8 @@ void KvManager::check_invariants() const {
                         " SWA pages, over its quota ", s.swa_quota, " and ", s.extra_pages, " pages below the chunk's window");
     require<StateError>(s.hashes.size() <= len, "sequence ", id, ": more hashes than blocks");
     check_hash_chain(id, s);
-    quotas += s.swa_quota + s.extra_pages;
+    quotas += s.swa_quota;
+    extras += s.extra_pages;
   }
   for (int64_t b = 0; b < pools_.num_logical_blocks; ++b)
     require<StateError>(logical_refs[static_cast<size_t>(b)] == logical_.ref(b), "logical block ", b, " ref ",
@@ -61,7 +62,9 @@ void KvManager::check_invariants() const {
   for (int64_t b = 0; b < static_cast<int64_t>(swa_refs.size()); ++b)
     require<StateError>(swa_refs[static_cast<size_t>(b)] + swa_->is_pinned(b) == swa_->ref(b), "SWA block ", b,
                         " ref ", swa_->ref(b), " != table occurrences + pin");
-  require<StateError>(swa_reserved_ == quotas + checkpoint_reserve(), "SWA reservation total");
+  require<StateError>(extra_pages_ == extras, "pages below chunks' windows: ", extra_pages_, " counted, ", extras,
+                      " held");
+  require<StateError>(swa_reserved_ == quotas + checkpoint_reserve() + chunk_reserve(extras), "SWA reservation total");
   require<StateError>(envelopes_reserved_ == unbound, "row space: ", envelopes_reserved_,
                       " envelopes reserved for ", unbound, " blocks without one");
   if (rows_) return check_row_space_invariants();
@@ -171,6 +174,7 @@ std::vector<int64_t> KvManager::to_state() const {
                     stats_.reclaimed_slots, stats_.reclaimed_blocks, stats_.compress_evictions, stats_.whole_chunks})
     w.put(v);
   w.put(load_moves_);
+  w.put(whole_chunks_ ? 1 : 0);
   return st;
 }
 
@@ -202,7 +206,8 @@ void KvManager::read_sequence(StateReader& r) {
   s.salt = static_cast<uint64_t>(r.next());
   s.generation = r.in_range(1, std::numeric_limits<int64_t>::max(), "generation");
   s.cached = r.in_range(0, s.num_computed, "cached prefix");
-  swa_reserved_ += s.swa_quota + s.extra_pages;
+  swa_reserved_ += s.swa_quota + s.extra_pages;  // chunk_reserve with whole chunks off (from_state turns them on)
+  extra_pages_ += s.extra_pages;
   if (rows_)  // the row space's state says which blocks are bound
     for (int32_t b : s.logical) envelopes_reserved_ += !rows_->is_bound(UnitKind::Envelope, b);
   seqs_.emplace(id, std::move(s));
@@ -249,6 +254,8 @@ std::unique_ptr<KvManager> KvManager::from_state(const std::vector<int64_t>& st)
   m->load_moves_ = r.next();
   r.check(m->load_moves_ >= 0 && (m->rows_ ? m->load_moves_ <= prefill_copy_share(serve, pools) : m->load_moves_ == 0),
           "bad count of pending copies made by loads ", m->load_moves_);
+  m->whole_chunks_ = r.in_range(0, 1, "whole chunks flag") == 1;
+  m->swa_reserved_ += m->chunk_reserve(m->extra_pages_) - m->extra_pages_;
   r.finish();
   if (m->coord_) {  // derived maps: reverse bindings and live counts per shared slot
     for (int64_t b = 0; b < pools.num_logical_blocks; ++b)

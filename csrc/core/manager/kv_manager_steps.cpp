@@ -76,23 +76,31 @@ void KvManager::apply_ensure(Sequence& s, int64_t num_new_tokens) {
   s.write_lo = std::max(s.num_computed, first * page_);
 }
 
+void KvManager::set_extra_pages(Sequence& s, int64_t pages) {
+  const int64_t before = chunk_reserve(extra_pages_);
+  extra_pages_ += pages - s.extra_pages;
+  s.extra_pages = pages;
+  swa_reserved_ += chunk_reserve(extra_pages_) - before;
+}
+
 bool KvManager::ensure_whole_chunk(Sequence& s) {
   if (s.write_lo == s.num_computed) return false;  // the window covers the chunk
   const int64_t first = page_of(s.num_computed), last = page_of(s.write_lo);  // pages [first, last)
   int64_t missing = 0;
   for (int64_t j = first; j < last; ++j) missing += s.swa[static_cast<size_t>(j)] < 0;
-  // Counted as reserved while held, so every promise stays kept. In the row
-  // space only from rows no unit holds (placing them may still evict a
-  // cached unit or move a live one), and only while the step's copy list has
-  // room for the moves.
-  if (!capacity_ok(missing, 0)) return false;
-  if (rows_ && (rows_->unheld_rows() < missing * pools_.swa_unit_rows ||
+  // Counted as reserved while held, so every promise stays kept: within the
+  // whole-chunk reserve they were promised already; beyond it only where the
+  // pools have room, and in the row space only from rows no unit holds
+  // (placing them may still evict a cached unit or move a live one). Either
+  // way only while the step's copy list has room for the moves.
+  const int64_t more = chunk_reserve(extra_pages_ + missing) - chunk_reserve(extra_pages_);
+  if (more > 0 && !capacity_ok(more, 0)) return false;
+  if (rows_ && ((more > 0 && rows_->unheld_rows() < missing * pools_.swa_unit_rows) ||
                 missing * moves_per_bind(pools_) > prefill_copy_room()))
     return false;
   for (int64_t j = first; j < last; ++j)
     if (s.swa[static_cast<size_t>(j)] < 0) alloc_page(s, j);
-  s.extra_pages += missing;
-  swa_reserved_ += missing;
+  set_extra_pages(s, s.extra_pages + missing);
   s.write_lo = s.num_computed;
   return true;
 }
@@ -200,8 +208,7 @@ void KvManager::apply_commit_prefill(Sequence& s, int64_t num_tokens, int32_t sa
   publish_full_blocks(s);
   free_out_of_window(s, end);  // the computed length, never the scheduled one: later chunks need the rest
   if (num_tokens > 0) {  // the pages below the window went with it
-    swa_reserved_ -= s.extra_pages;
-    s.extra_pages = 0;
+    set_extra_pages(s, 0);
     s.ensured = 0;
   }
   if (sampled < 0 || !swa_) {

@@ -11,7 +11,12 @@
 //
 // Saving: the engine reads a published block's rows where the manager has
 // them now. The answer is only true once the row space's pending moves are
-// applied, so locating is refused while any are pending.
+// applied, so locating is refused while any are pending. A tail object is
+// saved where a block's trailing window was published, so the tier layer
+// turns whole chunks on: every boundary inside a prompt gets one, not only
+// those a chunk's last window covers.
+#include <algorithm>
+
 #include "core/common/errors.h"
 #include "core/manager/kv_manager.h"
 
@@ -66,6 +71,16 @@ int64_t KvManager::loadable(const int32_t* tokens, int64_t n, int64_t loaded, ui
   const int64_t room_units = room / moves_per_bind(pools_);
   const int64_t blocks = std::max<int64_t>(0, std::min((loaded - hit) / bs, room_units - tail_units));
   return blocks > 0 ? hit + blocks * bs : 0;
+}
+
+void KvManager::set_whole_chunks(bool on) {
+  const int64_t more = std::max(on ? whole_chunk_pages_ : 0, extra_pages_) - chunk_reserve(extra_pages_);
+  require<OutOfSlots>(more <= 0 || capacity_ok(more, 0), "set_whole_chunks: no room for the ", whole_chunk_pages_,
+                      " SWA pages whole chunks keep apart (for a step of max_num_batched_tokens ",
+                      serve_.max_num_batched_tokens, "): the live sequences' promises hold it (turn it on before "
+                      "admitting, or once they have finished), or the pools are smaller; nothing changed");
+  whole_chunks_ = on;
+  swa_reserved_ += more;
 }
 
 void KvManager::require_no_pending_copies(const char* what) const {
