@@ -42,7 +42,8 @@ def setup(prefix: int, device):
                          swa_page_tokens=32)
     ratios = MODEL_PRESETS["v4-pro"]
     sizes = ObjectLayout(plan_kv_layout(1 << 30, ratios, config))
-    budget = int((prefix // BS + 64) * sizes.object_bytes(0) * 1.25) + (256 << 20)
+    # Room for the prefix, with slack for the whole-chunk SWA reserve a tier turns on (a chunk of SWA pages).
+    budget = int((prefix // BS + 64) * sizes.object_bytes(0) * 1.25) + (1 << 30)
     plan = plan_kv_layout(budget, ratios, config)
     kv = allocate_unified_kv(plan, dtype=torch.uint8, device=device)
     return plan, kv
