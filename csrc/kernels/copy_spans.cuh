@@ -166,8 +166,8 @@ UKV_DEVICE void copy_pieces(const CopyPiece* pieces, const uint64_t* unit_end) {
 }
 
 // Copies span s's part of the share [lo, hi), every thread its own span,
-// span s beginning at byte `begin` of the list. Uses sums and pieces (every
-// thread is done with them when it returns, but for copying).
+// span s beginning at byte `begin` of the list. sums and pieces are its
+// shared scratch: every thread is done with them when it returns.
 template <int kThreads>
 UKV_DEVICE void copy_batch(const CopySpan& s, uint64_t begin, uint64_t lo, uint64_t hi, uint64_t* sums,
                            CopyPiece* pieces) {

@@ -89,9 +89,9 @@ gpu::Error launch_csa_translate_pack(const CsaTranslatePackParams& p, gpu::Strea
 // One 64-thread group per token (a window is 128 cells), two groups per block:
 // the fastest of the block shapes measured for T = 64 to 4096. From
 // kManyDecodeTokens tokens on, the blocks outnumber what fits at once, and
-// the row-space forms run capped to ten blocks a multiprocessor (45
-// registers a thread against 68): on an H100, T = 4096 in 4.18 against 4.35
-// us. Below, every thread's path is the time, and the cap cost T = 512 7%.
+// the row-space forms run capped to ten blocks a multiprocessor (45-46
+// registers a thread against 64-72): on an H100, T = 4096 in 4.18 against
+// 4.35 us. Below, every thread's path is the time, and the cap cost T = 512 7%.
 constexpr int32_t kManyDecodeTokens = 2048;
 
 gpu::Error launch_paged_decode_indices(const PagedDecodeParams& p, gpu::Stream stream) {

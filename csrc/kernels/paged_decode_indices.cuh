@@ -25,7 +25,8 @@ namespace ukv::kernels {
 // Every per-token load is issued before any is used (a padding token is not
 // an early return but a window of 0), so the only wait before the table
 // lookups is one memory round trip.
-// kMinBlocks: the blocks a multiprocessor must fit (nvcc caps the registers).
+// kMinBlocks: the blocks a multiprocessor must fit (nvcc caps the registers
+// to fit them); 0 caps nothing.
 template <int kThreads, int kGroup, SwaForm kForm, int kMinBlocks>
 __global__ void UKV_LAUNCH_BOUNDS(kThreads, kMinBlocks) paged_decode_indices_kernel(PagedDecodeParams p) {
   gpu::after_prior_kernels();
