@@ -201,13 +201,18 @@ class SequenceRows:
         self.layers = _layers(plan, kv, export.num_computed, export.swa_begin)
         self.nbytes = sum(layer.nbytes for layer in self.layers)
         per_class: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+        class_bytes: Dict[int, int] = {}
         for layer in self.layers:  # every run list is built, and checked, before any copy
             if layer.ratio not in per_class:
                 runs = _layer_runs(plan, layer, export, skip_below)
+                row_bytes = np.array([t.shape[1] * t.element_size() for t in layer.sources], dtype=np.int64)
+                class_bytes[layer.ratio] = int((runs[:, 2] * row_bytes[runs[:, 0]]).sum())
                 device = layer.planes[0].device
                 per_class[layer.ratio] = (torch.from_numpy(runs).to(device),
                                           torch.tensor([len(runs)], dtype=torch.int32).to(device))
         self._runs = per_class
+        #: the bytes the copies move: the rows of the positions and blocks from skip_below on
+        self.copied = sum(class_bytes[layer.ratio] for layer in self.layers)
 
     def gather(self, buffer: torch.Tensor, first: int = 0, last: Optional[int] = None) -> None:
         """Copy the rows of layers [first, last) into ``buffer``, which holds those layers' bytes."""

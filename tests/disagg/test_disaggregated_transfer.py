@@ -44,7 +44,8 @@ def counts(p):
 
 
 STAGED = 1 << 20  # a staging buffer that holds the sequence (4 KiB would not: rows go straight then)
-#: two slots of 16 KiB: the test sequence's five layers (4-12 KiB each) go in three pieces, a slot filled twice
+#: pieces of at most 16 KiB: the test sequence's five layers (4-12 KiB each) go in four, the fourth over the
+#: first two
 SMALL = 32 << 10
 
 
@@ -85,8 +86,9 @@ def recorded(monkeypatch):
     return sent
 
 
-@pytest.mark.parametrize("staging, slots", [((SMALL, SMALL), 2), ((STAGED, STAGED), 0), ((0, 0), 0)])
-def test_the_sequence_moves_in_pieces_of_whole_layers_through_the_slots(endpoints, monkeypatch, staging, slots):
+@pytest.mark.parametrize("staging, after", [((SMALL, SMALL), [0, 0, 0, 2]), ((STAGED, STAGED), [0, 0, 0]),
+                                            ((0, 0), [0, 0, 0])])
+def test_the_sequence_moves_in_pieces_of_whole_layers_through_the_buffers(endpoints, monkeypatch, staging, after):
     a, b = pool("row_space", seed=1), pool("elastic", seed=2)
     prefill(a, SENT, prompt(700))
     expected = a.sequence_bytes(SENT)
@@ -96,15 +98,16 @@ def test_the_sequence_moves_in_pieces_of_whole_layers_through_the_slots(endpoint
     assert sender.send(SENT, receiver.address, RECEIVED).status == "sent"
     assert len(served.wait()) == 1
     accept = next(m for m in sent if m["type"] == "accept")
-    pieces = len(accept["pieces"]) - 1
-    assert accept["slots"] == slots and (pieces == 3 if staging[1] == SMALL else pieces == 1)
+    # the first and the last layer alone; SMALL: pieces of 4.0, 15.6, 11.5 and 4.2 KiB, the last over the first two
+    assert accept["after"] == after and len(accept["pieces"]) == len(after) + 1
     order = [(m["type"], m.get("piece")) for m in sent if m["type"] not in ("offer", "accept")]
-    # a piece is said written once it landed, in order; a slot filled twice waits for its "scattered"
-    assert [m for m in order if m[0] == "written"] == [("written", k) for k in range(pieces)]
-    assert [m for m in order if m[0] == "scattered"] == ([("scattered", k) for k in range(pieces)] if slots else [])
-    for k in range(slots, pieces if slots else 0):  # piece k went where piece k - slots was, once scattered
-        assert order.index(("scattered", k - slots)) < order.index(("written", k))
-    assert order.index(("written", pieces - 1)) < order.index(("done", None)) and order[-1] == ("ack", None)
+    # a piece is said written once it landed, in order; one that goes where another was waits for its "scattered"
+    assert [m for m in order if m[0] == "written"] == [("written", k) for k in range(len(after))]
+    assert [m for m in order if m[0] == "scattered"] == ([("scattered", k) for k in range(4)] if any(after) else [])
+    for k, first in enumerate(after):
+        if first:
+            assert order.index(("scattered", first - 1)) < order.index(("written", k))
+    assert order.index(("written", len(after) - 1)) < order.index(("done", None)) and order[-1] == ("ack", None)
     assert np.array_equal(b.sequence_bytes(RECEIVED).numpy(), expected.numpy())
     receiver.close()
     sender.close()
@@ -217,16 +220,22 @@ def assert_answer_refused(sender, receiver, a, b, match):
     sender.close()
 
 
-@pytest.mark.parametrize("bad", [[0, 3], [0, 3, 2, 5], [1, 5], [0, 2.5, 5], "0,5"])
-def test_pieces_that_are_not_whole_layers_in_order_are_refused_before_any_byte_moves(endpoints, monkeypatch, bad):
+@pytest.mark.parametrize("bad, match", [
+    (dict(pieces=[0, 3]), "pieces must be growing layer indices from 0 to 5"),
+    (dict(pieces=[0, 3, 2, 5]), "pieces must be growing"), (dict(pieces=[1, 5]), "pieces must be growing"),
+    (dict(pieces=[0, 2.5, 5]), "pieces must be growing"), (dict(pieces="0,5"), "pieces must be growing"),
+    (dict(after=[0, 0, 3, 1]), "waits must be 4 ints, each at most its piece's index"),
+    (dict(after=[0, 0, 0]), "waits must be 4 ints"), (dict(after=[0, -1, 0, 2]), "waits must be 4 ints")])
+def test_pieces_that_are_not_whole_layers_in_order_are_refused_before_any_byte_moves(endpoints, monkeypatch, bad,
+                                                                                      match):
     a, b = pool("row_space", seed=1), pool("elastic", seed=2)
-    prefill(a, SENT, prompt(700))  # five layers
+    prefill(a, SENT, prompt(700))  # five layers, four pieces
     sender, receiver = sides(endpoints, a, b, staging=(SMALL, SMALL))
     from ukv_torch.disagg import Channel
     send = Channel.send
     monkeypatch.setattr(Channel, "send", lambda channel, message: send(
-        channel, dict(message, pieces=bad) if message["type"] == "accept" else message))
-    assert_answer_refused(sender, receiver, a, b, "the receiver's pieces must be growing layer indices from 0 to 5")
+        channel, dict(message, **bad) if message["type"] == "accept" else message))
+    assert_answer_refused(sender, receiver, a, b, "the receiver's " + match)
 
 
 def answer_to(receiver, channel, message):
@@ -345,7 +354,7 @@ def test_a_sender_that_hangs_mid_transfer_times_out_and_leaves_nothing_behind(en
     finally:
         hung.kill()
         hung.wait(BOUND_S)
-    assert event.seq_id == 5 and "went away at piece 1 of 3" in event.reason
+    assert event.seq_id == 5 and "went away at piece 1 of 4" in event.reason
     assert HUNG_TIMEOUT_S <= waited < HUNG_TIMEOUT_S + 5
     # the rows are freed; the piece that landed stays in rows that are free again
     assert counts(b) == gauges and not b.mgr.has_sequence(5)

@@ -8,11 +8,11 @@ the writes that move every byte from the sender's row straight to the
 receiver's row, with no buffer in between, whatever the two layouts are.
 
 A transfer moves the buffer in pieces of whole layers (`pieces`), in order.
-A side may stage: its runs then address the slots of a registered buffer
-(`Staging`, `staged`), piece k in slot k modulo their count, which the
-sender fills a piece at a time with SequenceRows.gather and the receiver
-empties with SequenceRows.scatter. The join is the same; the writes merge
-into a few long ones.
+A side may stage: its runs then address a registered buffer (`Staging`,
+`staged`) that the pieces go through in turn, which the sender fills a piece
+at a time with SequenceRows.gather and the receiver empties with
+SequenceRows.scatter. The join is the same; the writes merge into a few long
+ones.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import torch
 from ..plan.records import KvPlan
 from ..plan.unified_kv import UnifiedKv
 from ..transfer import SequenceExport, _layer_runs, _layers
+from .endpoint import SLICE_BYTES
 
 #: a run list: int64 [n, 3] of (buffer offset, address, bytes), sorted by offset
 Runs = np.ndarray
@@ -123,13 +124,15 @@ def _one_row_each(runs: np.ndarray, row_bytes: np.ndarray) -> np.ndarray:
 def pieces(bounds: np.ndarray, limit: int) -> List[int]:
     """The layers where the pieces of a buffer with these layer bounds start,
     and the layer count: consecutive layers of at most ``limit`` bytes
-    together, a larger layer alone."""
+    together, a larger layer alone, and the first and the last layer alone
+    (nothing overlaps the first piece's gather and the last one's scatter)."""
+    count = len(bounds) - 1
     starts, first = [0], 0
-    for layer in range(1, len(bounds) - 1):
-        if bounds[layer + 1] - bounds[first] > limit:
+    for layer in range(1, count):
+        if layer in (1, count - 1) or bounds[layer + 1] - bounds[first] > limit:
             starts.append(layer)
             first = layer
-    return starts + [len(bounds) - 1]
+    return starts + [count]
 
 
 def check_pieces(layers: List[int], layer_count: int) -> List[int]:
@@ -142,18 +145,29 @@ def check_pieces(layers: List[int], layer_count: int) -> List[int]:
     return layers
 
 
+def check_after(after: List[int], count: int) -> List[int]:
+    """For each of the receiver's pieces, how many pieces it must have
+    scattered before that one is written: only earlier ones, or the
+    transfer could never end."""
+    if not (isinstance(after, list) and len(after) == count and
+            all(isinstance(a, int) and not isinstance(a, bool) and 0 <= a <= k for k, a in enumerate(after))):
+        raise ValueError(f"the receiver's waits must be {count} ints, each at most its piece's index, got {after!r}")
+    return after
+
+
 class Staging:
     """A side's registered host staging buffer of ``staging_bytes`` (none for
-    0), cut into slots of a transfer's largest piece; piece k goes through
-    slot k modulo the slot count, so a slot is filled again only once the
-    piece before it there was written (sender) or scattered (receiver)."""
+    0). A transfer's pieces go through it in turn, each right after the one
+    before (back at its start where a piece would run past its end), so a
+    piece is filled only once the pieces there before it were written
+    (sender) or scattered (receiver)."""
 
     def __init__(self, staging_bytes: int, owner: str):
         if isinstance(staging_bytes, bool) or not isinstance(staging_bytes, int) or staging_bytes < 0:
             raise ValueError(f"{owner}: staging_bytes must be an int >= 0, got {staging_bytes!r}")
         # touched once, so its pages exist before the first transfer
         self.buffer = torch.zeros(staging_bytes, dtype=torch.uint8) if staging_bytes else None
-        #: the largest piece this side stages: two slots at least, for the overlap
+        #: the largest piece this side stages: two at least fit, for the overlap
         self.capacity = staging_bytes // 2
 
     def memory(self) -> List[Tuple[int, int]]:
@@ -163,25 +177,41 @@ class Staging:
         """Whether this side stages pieces of up to ``largest_piece`` bytes (else its rows go straight)."""
         return self.buffer is not None and 0 < largest_piece <= self.capacity
 
-    def slots(self, largest_piece: int) -> int:
-        return self.buffer.numel() // largest_piece
+    def place(self, sizes: np.ndarray) -> Tuple[np.ndarray, List[int]]:
+        """Where pieces of these sizes go in the buffer, and for each how many
+        pieces (the first ones) must be emptied before it is filled: those
+        before it whose bytes it overlaps."""
+        places, after, position = [], [], 0
+        for k, size in enumerate(sizes.tolist()):
+            if position + size > self.buffer.numel():
+                position = 0
+            overlapped = [j for j in range(k) if places[j] < position + size and position < places[j] + sizes[j]]
+            places.append(position)
+            after.append(max(overlapped, default=-1) + 1)
+            position += size
+        return np.array(places, dtype=np.int64), after
 
-    def slot(self, piece: int, largest_piece: int, nbytes: int) -> torch.Tensor:
-        """The first ``nbytes`` of piece ``piece``'s slot."""
-        start = piece % self.slots(largest_piece) * largest_piece
-        return self.buffer[start: start + nbytes]
+    def at(self, place: int, nbytes: int) -> torch.Tensor:
+        return self.buffer[place: place + nbytes]
 
 
-def staged(runs: Runs, starts: np.ndarray, staging: Staging) -> Runs:
-    """The same bytes in the staging buffer's slots: offset o of piece k (the
-    pieces beginning at buffer offsets ``starts``, the last value their end)
-    at slot k's byte o - starts[k]; runs cut at the pieces' bounds, and merged
-    where they continue in the slot."""
+def short(runs: Runs) -> bool:
+    """Whether rows are short enough for a staging buffer to pay: their runs
+    average less than a write request's bytes, so going through the buffer
+    cuts the requests (each costs the TCP transport about as much as a full
+    one) for the price of a copy. Long rows go straight."""
+    return len(runs) * SLICE_BYTES > int(runs[:, 2].sum())
+
+
+def staged(runs: Runs, starts: np.ndarray, places: np.ndarray, staging: Staging) -> Runs:
+    """The same bytes in the staging buffer: offset o of piece k (the pieces
+    beginning at buffer offsets ``starts``, the last value their end) at the
+    buffer's byte places[k] + o - starts[k]; runs cut at the pieces' bounds,
+    and merged where they continue in the buffer."""
     runs = cut(runs, starts)
-    largest = int(np.diff(starts).max())
     piece = np.searchsorted(starts, runs[:, 0], side="right") - 1
     out = runs.copy()
-    out[:, 1] = staging.buffer.data_ptr() + piece % staging.slots(largest) * largest + runs[:, 0] - starts[piece]
+    out[:, 1] = staging.buffer.data_ptr() + places[piece] + runs[:, 0] - starts[piece]
     return _merged(out[:, 0], out[:, 1], out[:, 1], out[:, 2])[:, [0, 1, 3]]
 
 

@@ -14,15 +14,16 @@ The wait happens inside `poll`, between the engine's steps: a step may move
 or reuse rows (row-space relocations, evictions), so none runs while bytes
 land.
 
-With ``staging_bytes`` the receiver names the slots of a registered buffer
-of that size instead of its rows (piece k in slot k modulo the slot count),
-and scatters each piece from its slot once its "written" came, while the
-next one lands. If a slot must be filled twice in one transfer it answers
-"scattered k" once it emptied it, and the sender writes the piece that
-comes next there only then. A transport whose cost is per request (TCP
-moves ~17K requests a second here, and a V4-Pro block is ~150 requests of a
-few KiB as rows) needs that; one with cheap requests (RDMA, GPU memory)
-writes the rows directly. Each side chooses for itself.
+With ``staging_bytes`` the receiver names a registered buffer of that size
+instead of its rows where they are short (`short`), the pieces placed in it
+in turn, and scatters each piece from it once its "written" came, while the
+next one lands. If a piece must go where an earlier one was (a buffer
+smaller than the sequence), it answers "scattered k" as it empties each,
+and its accept tells how many must be scattered before each piece is
+written. A transport whose cost is per request (TCP moves ~17K requests a
+second here, and a V4-Pro block is ~150 requests of a few KiB as rows)
+needs that; one with cheap requests (RDMA, GPU memory) writes the rows
+directly. Each side chooses for itself.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from ..plan.unified_kv import UnifiedKv
 from ..transfer import SequenceExport, SequenceRows
 from .channel import Channel, ChannelClosed
 from .endpoint import TransferEndpoint
-from .kv_regions import PIECE_BYTES, KvRegions, Staging, pieces, staged
+from .kv_regions import PIECE_BYTES, KvRegions, Staging, pieces, short, staged
 
 #: how many finished transfer ids are remembered, to answer a replayed "done"
 REMEMBERED_TRANSFERS = 4096
@@ -134,7 +135,7 @@ class KvReceiver:
         move = _Arriving(self, xfer, mine, cached, layers)
         try:
             channel.send(dict(type="accept", xfer=xfer, cached=cached, runs=move.runs.tobytes(), pieces=layers,
-                              slots=move.slots, engine=self.endpoint.name,
+                              after=move.after, engine=self.endpoint.name,
                               memory=[list(span) for span in self.endpoint.memory]))
         except ChannelClosed as e:
             self.mgr.deallocate(seq_id)
@@ -145,9 +146,9 @@ class KvReceiver:
         return self._await_pieces(channel, move)
 
     def _await_pieces(self, channel: Channel, move: "_Arriving"):
-        """Each piece's "written" in order (scattering it from its slot when
-        staged), then "done": the sequence starts. Anything else, or silence
-        for timeout_s, aborts it."""
+        """Each piece's "written" in order (scattering it from the staging
+        buffer when staged), then "done": the sequence starts. Anything else,
+        or silence for timeout_s, aborts it."""
         seq_id, count = move.mine.seq_id, len(move.layers) - 1
         try:
             for k in range(count + 1):
@@ -162,7 +163,7 @@ class KvReceiver:
                     started = time.perf_counter()
                     move.scatter(k)
                     self.host_seconds += time.perf_counter() - started
-                    if move.slots:  # the sender waits for the slot
+                    if any(move.after):  # the sender waits for the room
                         channel.send(dict(type="scattered", xfer=move.xfer, piece=k))
             else:
                 reason = ""
@@ -204,7 +205,7 @@ class KvReceiver:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
             raise ValueError(f"piece_bytes must be an int > 0, got {limit!r}")
         limit = min(limit, PIECE_BYTES)
-        if self._staging.holds(int(np.diff(bounds).max())):  # then each piece fits a slot here
+        if self._staging.holds(int(np.diff(bounds).max())):  # then each piece fits twice here
             limit = min(limit, self._staging.capacity)
         return export, pieces(bounds, limit)
 
@@ -239,24 +240,21 @@ class KvReceiver:
 
 class _Arriving:
     """An admitted sequence's rows as the receiver names them: straight, or
-    the slots of its staging buffer (see KvReceiver)."""
+    its staging buffer (see KvReceiver)."""
 
     def __init__(self, receiver: KvReceiver, xfer: str, mine: SequenceExport, cached: int, layers: List[int]):
         self.xfer, self.mine, self.cached, self.layers = xfer, mine, cached, layers
         self.staging = receiver._staging
         self.starts = receiver.regions.layer_bounds(mine)[layers]
-        self.largest = int(np.diff(self.starts).max())
+        sizes = np.diff(self.starts)
         self.runs = receiver.regions.runs(mine, cached)
-        self.rows, self.slots = None, 0
-        if self.staging.holds(self.largest):
-            self.runs = staged(self.runs, self.starts, self.staging)
+        self.rows, self.after = None, [0] * len(sizes)  # after[k]: pieces to scatter before piece k is written
+        if self.staging.holds(int(sizes.max())) and short(self.runs):
+            self.places, self.after = self.staging.place(sizes)
+            self.runs = staged(self.runs, self.starts, self.places, self.staging)
             self.rows = SequenceRows(receiver.plan, receiver.kv, mine, manager=receiver.mgr, skip_below=cached)
-            if self.staging.slots(self.largest) < len(layers) - 1:  # a slot is filled again: the sender waits
-                self.slots = self.staging.slots(self.largest)
 
     def scatter(self, k: int) -> None:
-        """Piece k's bytes from its slot into the rows."""
-        slot = self.staging.slot(k, self.largest, int(self.starts[k + 1] - self.starts[k]))
-        self.rows.scatter(slot, self.layers[k], self.layers[k + 1])
-
-
+        """Piece k's bytes from the staging buffer into the rows."""
+        self.rows.scatter(self.staging.at(int(self.places[k]), int(self.starts[k + 1] - self.starts[k])),
+                          self.layers[k], self.layers[k + 1])

@@ -11,13 +11,14 @@
   tells the receiver "written k" for each piece that landed. After the last
   one it says "done", and frees the sequence here once the receiver
   acknowledged that it started it.
-With ``staging_bytes`` each piece is first gathered into a slot of a
-registered buffer of that size and written from there (see KvReceiver for
-when that pays): into a slot only once the piece before it there landed, and
-into the receiver's slot only once the receiver said it scattered the piece
-before it there ("scattered k"). Between the offer and the acknowledgement
-the caller runs no step, so no row of the sequence moves or is reused while
-it is read.
+With ``staging_bytes`` each piece is first gathered into a registered buffer
+of that size, the pieces placed in it in turn, and written from there (see
+KvReceiver for when that pays): gathered only once the pieces there before
+it landed. Into a receiver's staging buffer smaller than the sequence a
+piece is written only once the receiver said it scattered the pieces there
+before it ("scattered k"). Between the offer and the acknowledgement the
+caller runs no step, so no row of the sequence moves or is reused while it
+is read.
 
 A receiver that dies, or stays silent or stops taking bytes for
 ``timeout_s``, makes the send fail (`SendResult.status == "failed"`); the
@@ -40,7 +41,7 @@ from ..plan.unified_kv import UnifiedKv
 from ..transfer import SequenceExport, SequenceRows
 from .channel import Channel, ChannelClosed
 from .endpoint import POLL_S, TransferEndpoint, WriteFailed, Writes
-from .kv_regions import PIECE_BYTES, KvRegions, Staging, check_destination, check_pieces, cut, join
+from .kv_regions import PIECE_BYTES, KvRegions, Staging, check_after, check_destination, check_pieces, cut, join
 
 
 class SendResult(NamedTuple):
@@ -75,7 +76,7 @@ class KvSender:
         export = self.mgr.describe_sequence(seq_id)
         bounds = self.regions.layer_bounds(export)
         xfer = uuid.uuid4().hex
-        # the receiver groups layers into pieces no larger, so that each fits a slot here
+        # the receiver groups layers into pieces no larger, so that two fit here
         limit = PIECE_BYTES
         if self._staging.holds(int(np.diff(bounds).max())):
             limit = min(limit, self._staging.capacity)
@@ -156,31 +157,31 @@ class _Pipeline:
                  bounds: np.ndarray):
         self.channel, self.xfer, self.peer = channel, xfer, answer["engine"]
         self.endpoint, self.timeout_s, self.staging = sender.endpoint, sender.timeout_s, sender._staging
-        nbytes = int(bounds[-1])
         destination = np.frombuffer(answer["runs"], dtype=np.int64).reshape(-1, 3)
-        check_destination(destination, nbytes, [tuple(span) for span in answer["memory"]])
-        held = sender.regions.runs(export, int(answer["cached"]))
-        self.nbytes = int(destination[:, 2].sum())
-        if self.nbytes != int(held[:, 2].sum()):
-            raise ValueError(f"size mismatch: the receiver's rows hold {self.nbytes} bytes, "
-                             f"the sequence {int(held[:, 2].sum())} beyond its cached prefix")
+        check_destination(destination, int(bounds[-1]), [tuple(span) for span in answer["memory"]])
         self.layers = check_pieces(answer["pieces"], len(bounds) - 1)
-        self.receiver_slots = answer["slots"]  # 0: the receiver never fills a slot twice in this transfer
-        if isinstance(self.receiver_slots, bool) or not isinstance(self.receiver_slots, int) or \
-                self.receiver_slots < 0:
-            raise ValueError(f"the receiver's slot count must be an int >= 0, got {self.receiver_slots!r}")
+        self.after = check_after(answer["after"], len(self.layers) - 1)  # receiver: scatter these first
         self.starts = bounds[self.layers]
-        self.largest = int(np.diff(self.starts).max())
-        self.rows = None
-        if self.staging.holds(self.largest):  # every piece through a slot: gathered whole, written from there
-            self.rows = SequenceRows(sender.plan, sender.kv, export, manager=sender.mgr)
-            self.writes = cut(destination, self.starts)
-        else:  # every destination byte checked against this pool's rows here, before any byte moves
-            self.writes = cut(join(held, destination), self.starts)
+        sizes = np.diff(self.starts)
+        cached = int(answer["cached"])
+        self.rows = held = None
+        if self.staging.holds(int(sizes.max())):  # every piece through the buffer: gathered, written from there
+            self.places, self.room = self.staging.place(sizes)  # here: these pieces must have landed first
+            self.rows = SequenceRows(sender.plan, sender.kv, export, manager=sender.mgr, skip_below=cached)
+            holds = self.rows.copied
+        else:
+            held = sender.regions.runs(export, cached)
+            holds = int(held[:, 2].sum())
+        self.nbytes = int(destination[:, 2].sum())
+        if self.nbytes != holds:
+            raise ValueError(f"size mismatch: the receiver's rows hold {self.nbytes} bytes, "
+                             f"the sequence {holds} beyond its cached prefix")
+        # straight from the rows, every destination byte is checked against them here, before any byte moves
+        self.writes = cut(destination if held is None else join(held, destination), self.starts)
         self.first = np.searchsorted(self.writes[:, 0], self.starts)  # piece k: rows [first[k], first[k + 1])
         self.in_flight: Deque[Tuple[int, Writes]] = collections.deque()
         self.landed = 0     # pieces that landed, each told to the receiver
-        self.scattered = 0  # pieces the receiver scattered: its slots that are free again
+        self.scattered = 0  # pieces the receiver scattered: its room that is free again
 
     def run(self) -> Tuple[float, float]:
         """Write every piece; (seconds from the first gather to the last piece
@@ -188,12 +189,11 @@ class _Pipeline:
         started, gathering = time.perf_counter(), 0.0
         for k in range(len(self.layers) - 1):
             if self.rows is not None and self.first[k + 1] > self.first[k]:  # a piece all cached moves nothing
-                self._until(lambda: self.landed > k - self.staging.slots(self.largest))
+                self._until(lambda: self.landed >= self.room[k])
                 gathered = time.perf_counter()
-                self.rows.gather(self._slot(k), self.layers[k], self.layers[k + 1])
+                self.rows.gather(self._staged(k), self.layers[k], self.layers[k + 1])
                 gathering += time.perf_counter() - gathered
-            if self.receiver_slots:
-                self._until(lambda: self.scattered > k - self.receiver_slots)
+            self._until(lambda: self.scattered >= self.after[k])
             self.in_flight.append((k, self.endpoint.submit(self.peer, self._writes(k))))
         self._until(lambda: not self.in_flight)
         return time.perf_counter() - started, gathering
@@ -211,15 +211,15 @@ class _Pipeline:
         for _, writes in self.in_flight:
             writes.cancel()
 
-    def _slot(self, k: int):
-        return self.staging.slot(k, self.largest, int(self.starts[k + 1] - self.starts[k]))
+    def _staged(self, k: int):
+        return self.staging.at(int(self.places[k]), int(self.starts[k + 1] - self.starts[k]))
 
     def _writes(self, k: int) -> np.ndarray:
         mine = self.writes[self.first[k]: self.first[k + 1]]
         if self.rows is None:
             return mine[:, 1:]
-        slot = np.array([[self.starts[k], self._slot(k).data_ptr(), self.starts[k + 1] - self.starts[k]]])
-        return join(slot, mine)[:, 1:]
+        staged = np.array([[self.starts[k], self._staged(k).data_ptr(), self.starts[k + 1] - self.starts[k]]])
+        return join(staged, mine)[:, 1:]
 
     def _until(self, condition) -> None:
         """Tell the receiver of the pieces that landed, and note the ones it
