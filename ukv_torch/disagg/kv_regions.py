@@ -24,7 +24,6 @@ import torch
 from ..plan.records import KvPlan
 from ..plan.unified_kv import UnifiedKv
 from ..transfer import SequenceExport, _layer_runs, _layers
-from .endpoint import SLICE_BYTES
 
 #: a run list: int64 [n, 3] of (buffer offset, address, bytes), sorted by offset
 Runs = np.ndarray
@@ -195,12 +194,16 @@ class Staging:
         return self.buffer[place: place + nbytes]
 
 
+#: rows whose runs average this many bytes go straight even where a staging
+#: buffer is at hand: at ~17K requests a second over TCP, requests this long
+#: move faster than the transport moves bytes, and no copy is needed
+LONG_RUN_BYTES = 256 << 10
+
+
 def short(runs: Runs) -> bool:
-    """Whether rows are short enough for a staging buffer to pay: their runs
-    average less than a write request's bytes, so going through the buffer
-    cuts the requests (each costs the TCP transport about as much as a full
-    one) for the price of a copy. Long rows go straight."""
-    return len(runs) * SLICE_BYTES > int(runs[:, 2].sum())
+    """Whether rows are short enough for a staging buffer to pay: as their
+    own write requests they would cost more than the bytes (LONG_RUN_BYTES)."""
+    return len(runs) * LONG_RUN_BYTES > int(runs[:, 2].sum())
 
 
 def staged(runs: Runs, starts: np.ndarray, places: np.ndarray, staging: Staging) -> Runs:
