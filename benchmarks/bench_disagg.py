@@ -8,16 +8,20 @@ and forgets its cache, so every round moves every byte. "Raw" writes the same
 number of bytes from one contiguous registered buffer into one of the
 receiver's, with the same slicing and batching (TransferEndpoint.write).
 Rounds alternate raw and ukv_torch. Each transferred sequence is checked:
-the receiver's gather_sequence of it must hash like the sender's. Two ways:
-"staged" (both sides through a registered buffer: gather, one long write,
-scatter) and "direct" (every row written straight into the receiver's rows:
-~150 requests of a few KiB per block, which TCP moves at ~17K a second).
+the receiver's gather_sequence of it must hash like the sender's. Three ways:
+"staged" (both sides with a registered buffer as large as the largest
+sequence: the sender gathers piece k + 1 while piece k is written, the
+receiver scatters piece k while k + 1 lands, each using its buffer where
+its rows are short), "staged 64 MiB" (the same through buffers smaller than
+either sequence, the pieces going through them in turn) and "direct" (every
+row written straight into the receiver's rows: in the row space ~150
+requests of a few KiB per block, which TCP moves at ~17K a second).
 
 Reports, medians over the rounds: GB/s of the whole send (offer to
 acknowledgement) and of its write phase, beside raw; host cost per sequence
 on each side (describing, checking and joining rows; admitting and staging).
 
-Run: python benchmarks/bench_disagg.py [--rounds N]  (prints a markdown table)
+Run: python benchmarks/bench_disagg.py [--rounds N] [--modes staged,staged64,direct]  (prints a markdown table)
 """
 import argparse
 import hashlib
@@ -35,6 +39,9 @@ from ukv_torch import (KvManager, MODEL_PRESETS, ModelKvSpec, ServeConfig, alloc
 from ukv_torch.disagg import Arrival, Channel, KvReceiver, KvSender, TransferEndpoint
 
 TOKENS = {"32K": 32 * 1024, "128K": 128 * 1024}
+#: each mode's staging_bytes on both sides (None: the largest sequence's bytes)
+MODES = {"staged": None, "staged64": 64 << 20, "direct": 0}
+LABELS = {"staged": "staged", "staged64": "staged 64 MiB", "direct": "direct"}
 MAX_TOKENS = max(TOKENS.values()) + 256
 
 
@@ -54,11 +61,11 @@ def digest(plan, kv, mgr, seq_id) -> str:
     return hashlib.blake2b(buffer.numpy(), digest_size=16).hexdigest()
 
 
-def receiver_process(report_port: int, staged: bool) -> None:
+def receiver_process(report_port: int, mode: str) -> None:
     """The decode side: prints where it listens, then serves until told to stop."""
     plan, kv, mgr = side("elastic")
     endpoint, raw = endpoint_and_raw_buffer(plan, kv)
-    receiver = KvReceiver(mgr, plan, kv, endpoint, timeout_s=120, staging_bytes=raw.numel() if staged else 0)
+    receiver = KvReceiver(mgr, plan, kv, endpoint, timeout_s=120, staging_bytes=staging_bytes(mode, raw))
     report_to = None
     print("READY", *receiver.address, endpoint.name, raw.data_ptr(), flush=True)
     while True:
@@ -69,13 +76,12 @@ def receiver_process(report_port: int, staged: bool) -> None:
             receiver.host_seconds = 0.0
             mgr.deallocate(event.seq_id)
             mgr.clear_cache()
-        if report_to is not None and _stopped(report_to):
+        if report_to is not None and report_to.ready(0):  # told to stop
             return
 
 
-def _stopped(channel) -> bool:
-    import select
-    return bool(select.select([channel.sock], [], [], 0)[0])
+def staging_bytes(mode: str, raw) -> int:
+    return raw.numel() if MODES[mode] is None else MODES[mode]
 
 
 def prefill(plan, kv, mgr, seq_id, prompt) -> None:
@@ -111,7 +117,7 @@ def max_bytes(plan, kv) -> int:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--modes", default="staged,direct", help="staged (both sides stage), direct, or both")
+    parser.add_argument("--modes", default=",".join(MODES), help="of " + ", ".join(MODES) + ", comma-separated")
     args = parser.parse_args()
     plan, kv, mgr = side("row_space")
     for t in kv.planes:  # random bytes, so a row in the wrong place shows in the digest
@@ -120,19 +126,19 @@ def main():
             "sender host ms | receiver host ms | send ms |",
             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for mode in args.modes.split(","):
-        rows += run(plan, kv, mgr, mode == "staged", args.rounds)
+        rows += run(plan, kv, mgr, mode, args.rounds)
     print("\n".join(rows))
 
 
-def run(plan, kv, mgr, staged: bool, rounds: int):
+def run(plan, kv, mgr, mode: str, rounds: int):
     reports = socket.create_server(("127.0.0.1", 0))
-    peer = subprocess.Popen([sys.executable, __file__, "--receiver", str(reports.getsockname()[1]), str(int(staged))],
+    peer = subprocess.Popen([sys.executable, __file__, "--receiver", str(reports.getsockname()[1]), mode],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     rows = []
     try:
         _, host, port, engine_name, raw_address = peer.stdout.readline().split()
         endpoint, raw = endpoint_and_raw_buffer(plan, kv)
-        sender = KvSender(mgr, plan, kv, endpoint, timeout_s=120, staging_bytes=raw.numel() if staged else 0)
+        sender = KvSender(mgr, plan, kv, endpoint, timeout_s=120, staging_bytes=staging_bytes(mode, raw))
         reports_channel = None
         rng = np.random.default_rng(0)
         for name, tokens in TOKENS.items():
@@ -158,7 +164,7 @@ def run(plan, kv, mgr, staged: bool, rounds: int):
                 sender_host.append(result.host_seconds)
                 receiver_host.append(report["host"])
             m = statistics.median
-            rows.append(f"| {'staged' if staged else 'direct'} | {name} tokens | {nbytes / 2**20:.0f} | {m(sends) / 1e9:.2f} | {m(writes) / 1e9:.2f} | "
+            rows.append(f"| {LABELS[mode]} | {name} tokens | {nbytes / 2**20:.0f} | {m(sends) / 1e9:.2f} | {m(writes) / 1e9:.2f} | "
                         f"{m(raws) / 1e9:.2f} | {100 * m(sends) / m(raws):.0f}% | {100 * m(writes) / m(raws):.0f}% | "
                         f"{1e3 * m(sender_host):.1f} | {1e3 * m(receiver_host):.1f} | {1e3 * nbytes / m(sends):.0f} |")
         reports_channel.send(dict(stop=True))
@@ -175,6 +181,6 @@ def run(plan, kv, mgr, staged: bool, rounds: int):
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--receiver":
-        receiver_process(int(sys.argv[2]), sys.argv[3] == "1")
+        receiver_process(int(sys.argv[2]), sys.argv[3])
     else:
         main()

@@ -43,10 +43,6 @@ def engine(args, layout: str) -> Engine:
     return Engine(engine_loop.parse_args(["--layout", layout, "--requests", "0", "--seed", str(args.seed)]))
 
 
-def readable(channel: Channel, timeout_s: float) -> bool:
-    return bool(select.select([channel.sock], [], [], timeout_s)[0])
-
-
 # --- the prefill engine -------------------------------------------------------------------
 class PrefillEngine:
     """Computes prompts; a request whose first token is sampled leaves for the decode engine.
@@ -56,7 +52,8 @@ class PrefillEngine:
         self.engine, self.router = engine(args, args.prefill_layout), router
         self.endpoint = TransferEndpoint()
         if args.fault == "no-bytes":  # every transfer "succeeds" without moving a byte: the check must fail
-            self.endpoint.write = lambda peer, writes: True
+            submit = self.endpoint.submit
+            self.endpoint.submit = lambda peer, writes: submit(peer, writes[:0])
         self.sender = KvSender(self.engine.mgr, self.engine.plan, self.engine.kv, self.endpoint,
                                timeout_s=WAIT_SECONDS, staging_bytes=args.staging_kib << 10)
         self.decode_address = None
@@ -68,7 +65,7 @@ class PrefillEngine:
         deadline = time.monotonic() + RUN_SECONDS
         while time.monotonic() < deadline and not self.engine.failed():
             idle = self.engine.done() and not self.parked
-            if readable(self.router, 0.05 if idle else 0):
+            if self.router.ready(0.05 if idle else 0):
                 message = self.router.receive(WAIT_SECONDS)
                 if message["type"] == "stop":
                     return self.report()
@@ -133,7 +130,7 @@ class DecodeEngine:
         self.report()
 
     def read_router(self, timeout_s: float) -> None:
-        while not self.stopped and readable(self.router, timeout_s):
+        while not self.stopped and self.router.ready(timeout_s):
             message = self.router.receive(WAIT_SECONDS)
             self.stopped = message["type"] == "stop"
             self.expected[message.get("rid")] = message

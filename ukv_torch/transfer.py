@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
+import numpy as np
 import torch
 
 from .manager.kv_manager import KvManager
@@ -42,7 +43,7 @@ from .ops import gather_rows, scatter_rows, swa_slot_mapping
 from .plan.records import KvPlan
 from .plan.unified_kv import UnifiedKv, check_plan_tensors
 
-__all__ = ["SequenceExport", "transfer_bytes", "gather_sequence", "scatter_sequence"]
+__all__ = ["SequenceExport", "SequenceRows", "transfer_bytes", "gather_sequence", "scatter_sequence"]
 
 CSA_RATIO = 4
 
@@ -106,101 +107,132 @@ def transfer_bytes(plan: KvPlan, kv: UnifiedKv, export: SequenceExport) -> int:
     return sum(layer.nbytes for layer in _layers(plan, kv, export.num_computed, export.swa_begin))
 
 
-class _Runs:
-    """A run list ([tensor, first_row, rows, offset] each), a run merged into the
-    previous one where both its rows and its bytes follow on."""
-
-    def __init__(self):
-        self.runs: List[List[int]] = []
-
-    def add(self, tensor: int, row: int, rows: int, offset: int, row_bytes: int) -> None:
-        last = self.runs[-1] if self.runs else None
-        if last and last[0] == tensor and last[1] + last[2] == row and last[3] + last[2] * row_bytes == offset:
-            last[2] += rows
-        else:
-            self.runs.append([tensor, row, rows, offset])
-
-
-def _swa_rows(plan: KvPlan, export: SequenceExport, ratio: int) -> List[int]:
+def _swa_rows(plan: KvPlan, export: SequenceExport, ratio: int) -> np.ndarray:
     """The rows of positions [swa_begin, num_computed) in the layers of this class (-1: no page)."""
     positions = torch.arange(export.swa_begin, export.num_computed, dtype=torch.int64)
     rows = torch.empty(len(positions), dtype=torch.int32)
     swa_slot_mapping(export.swa_units.view(1, -1).to(torch.int32), positions,
                      torch.zeros(len(positions), dtype=torch.int32), rows, block_size=plan.config.block_size,
                      swa_rows=list(plan.swa_rows(ratio)))
-    return rows.tolist()
+    return rows.numpy().astype(np.int64)
 
 
-def _layer_runs(plan: KvPlan, layer: _Layer, export: SequenceExport, skip_below: int) -> List[List[int]]:
-    """The runs of a layer (every layer of its class has the same ones), leaving out
-    the positions and blocks below ``skip_below`` (a prefix the importer already holds)."""
+def _layer_runs(plan: KvPlan, layer: _Layer, export: SequenceExport, skip_below: int) -> np.ndarray:
+    """The runs of a layer (every layer of its class has the same ones) as int64
+    [n, 4] (tensor, first row, rows, offset), leaving out the positions and blocks
+    below ``skip_below`` (a prefix the importer already holds); a run is merged
+    into the previous one where both its rows and its bytes follow on."""
     config = plan.config
     bs, ratio, begin = config.block_size, layer.ratio, export.swa_begin
     swa_rows = _swa_rows(plan, export, ratio)
-    if any(row < 0 for p, row in enumerate(swa_rows, begin) if p >= skip_below):
+    first_swa = min(max(0, skip_below - begin), len(swa_rows))
+    if (swa_rows[first_swa:] < 0).any():
         raise RuntimeError(f"the sequence holds no SWA page for a position in [{begin}, {export.num_computed}): "
                            f"its window cannot be transferred")
-    _check_rows("export.swa_units", [row for row in swa_rows if row >= 0], 1, layer.planes[0].shape[0])
+    _check_rows("export.swa_units", swa_rows[swa_rows >= 0], 1, layer.planes[0].shape[0])
     blocks = -(-export.num_computed // bs)
-    first_block = skip_below // bs
-    runs, offset = _Runs(), 0
+    block = np.arange(min(skip_below // bs, blocks), blocks)
+    kept = np.arange(first_swa, len(swa_rows))
+    parts, row_bytes, offset = [], [], 0
     for index, plane in enumerate(layer.planes):
-        row_bytes = plane.shape[1] * plane.element_size()
-        for i, row in enumerate(swa_rows):
-            if begin + i >= skip_below:
-                runs.add(index, row, 1, offset + i * row_bytes, row_bytes)
-        offset += len(swa_rows) * row_bytes
+        row_bytes.append(plane.shape[1] * plane.element_size())
+        parts.append(_run_block(index, swa_rows[kept], 1, offset + kept * row_bytes[-1]))
+        offset += len(swa_rows) * row_bytes[-1]
         if ratio:
             k = bs // ratio
             args = plan.compress_args(ratio)
-            table = export.phys[0 if config.layout == "row_space" else config.type_of_ratio(ratio)].tolist()
-            _check_rows("export.phys", [args["compress_base"] + table[b] * args["block_stride"]
-                                        for b in range(first_block, blocks)], k, plane.shape[0])
-            for b in range(first_block, blocks):
-                row = args["compress_base"] + table[b] * args["block_stride"]
-                runs.add(index, row, k, offset + b * k * row_bytes, row_bytes)
-            offset += blocks * k * row_bytes
+            table = export.phys[0 if config.layout == "row_space" else config.type_of_ratio(ratio)].numpy()
+            rows = args["compress_base"] + table[block].astype(np.int64) * args["block_stride"]
+            _check_rows("export.phys", rows, k, plane.shape[0])
+            parts.append(_run_block(index, rows, k, offset + block * k * row_bytes[-1]))
+            offset += blocks * k * row_bytes[-1]
     if layer.indexer is not None:
         # Addressed like the layer's compressed rows: by envelope in the row space, else by logical block.
-        table = (export.phys[0] if config.layout == "row_space" else export.logical).tolist()
-        _check_rows("export.phys" if config.layout == "row_space" else "export.logical", table[first_block:blocks],
-                    1, layer.indexer.shape[0])
-        entry_bytes = layer.indexer.shape[1]
-        for b in range(first_block, blocks):
-            runs.add(len(layer.planes), table[b], 1, offset + b * entry_bytes, entry_bytes)
-    return runs.runs
+        row_space = config.layout == "row_space"
+        rows = (export.phys[0] if row_space else export.logical).numpy()[block].astype(np.int64)
+        _check_rows("export.phys" if row_space else "export.logical", rows, 1, layer.indexer.shape[0])
+        row_bytes.append(layer.indexer.shape[1])
+        parts.append(_run_block(len(layer.planes), rows, 1, offset + block * row_bytes[-1]))
+    return _merged_runs(np.concatenate(parts), np.array(row_bytes, dtype=np.int64))
 
 
-def _check_rows(name: str, firsts: List[int], rows: int, tensor_rows: int) -> None:
+def _run_block(tensor: int, rows: np.ndarray, count: int, offsets: np.ndarray) -> np.ndarray:
+    return np.stack([np.full(len(rows), tensor), rows, np.full(len(rows), count), offsets], axis=1).astype(np.int64)
+
+
+def _merged_runs(runs: np.ndarray, row_bytes: np.ndarray) -> np.ndarray:
+    """[tensor, row, rows, offset] runs, each merged into the previous one where its rows and bytes follow on."""
+    if not len(runs):
+        return runs
+    tensor, row, rows, offset = runs.T
+    follows = np.concatenate([[False], (tensor[1:] == tensor[:-1]) & (row[:-1] + rows[:-1] == row[1:])
+                              & (offset[:-1] + rows[:-1] * row_bytes[tensor[:-1]] == offset[1:])])
+    first = np.flatnonzero(~follows)
+    out = runs[first]
+    out[:, 2] = np.add.reduceat(rows, first)
+    return out
+
+
+def _check_rows(name: str, firsts: np.ndarray, rows: int, tensor_rows: int) -> None:
     """Runs of ``rows`` rows from each of ``firsts`` must lie in the tensor and not overlap."""
-    bad = [r for r in firsts if not 0 <= r <= tensor_rows - rows]
-    if bad:
-        raise ValueError(f"{name}: an entry addresses rows {bad[0]}..{bad[0] + rows - 1}, outside the KV tensor's "
+    bad = np.flatnonzero((firsts < 0) | (firsts > tensor_rows - rows))
+    if len(bad):
+        first = int(firsts[bad[0]])
+        raise ValueError(f"{name}: an entry addresses rows {first}..{first + rows - 1}, outside the KV tensor's "
                          f"{tensor_rows} rows")
-    ordered = sorted(firsts)
-    if any(b - a < rows for a, b in zip(ordered, ordered[1:])):
+    if (np.diff(np.sort(firsts)) < rows).any():
         raise ValueError(f"{name}: two entries address the same rows")
 
 
-def _transfer(op, plan: KvPlan, kv: UnifiedKv, export: SequenceExport, buffer: torch.Tensor, manager,
-              skip_below: int) -> None:
-    check_same_model(export, plan)
-    _check_current(manager, export)
-    layers = _layers(plan, kv, export.num_computed, export.swa_begin)
-    nbytes = sum(layer.nbytes for layer in layers)
-    if buffer.dtype != torch.uint8 or buffer.dim() != 1 or buffer.numel() != nbytes:
-        raise ValueError(f"buffer must be a 1-D uint8 tensor of transfer_bytes() = {nbytes} bytes for this "
-                         f"sequence and these KV tensors, got {buffer.dtype} {tuple(buffer.shape)}")
-    device = buffer.device
-    per_class: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
-    for layer in layers:  # every run list is built, and checked, before any copy
-        if layer.ratio not in per_class:
-            runs = _layer_runs(plan, layer, export, skip_below)
-            per_class[layer.ratio] = (torch.tensor(runs, dtype=torch.int64).view(-1, 4).to(device),
-                                      torch.tensor([len(runs)], dtype=torch.int32).to(device))
-    for layer in layers:
-        runs, count = per_class[layer.ratio]
-        op(layer.sources, runs, count, buffer[layer.offset: layer.offset + layer.nbytes])
+class SequenceRows:
+    """One sequence's rows in one pool, checked once, copied to and from a
+    transfer buffer layer by layer: what gather_sequence and scatter_sequence
+    do in one call, for a transfer that moves the buffer in pieces of whole
+    layers (ukv_torch.disagg). Built right before the copies, with no step
+    in between (a step may move or reuse the rows).
+
+    ``skip_below``: positions and blocks below it are left alone (a prefix
+    the importing pool already holds). Refusals as in :func:`gather_sequence`."""
+
+    def __init__(self, plan: KvPlan, kv: UnifiedKv, export: SequenceExport, *, manager: KvManager,
+                 skip_below: int = 0):
+        check_same_model(export, plan)
+        _check_current(manager, export)
+        self.layers = _layers(plan, kv, export.num_computed, export.swa_begin)
+        self.nbytes = sum(layer.nbytes for layer in self.layers)
+        per_class: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+        class_bytes: Dict[int, int] = {}
+        for layer in self.layers:  # every run list is built, and checked, before any copy
+            if layer.ratio not in per_class:
+                runs = _layer_runs(plan, layer, export, skip_below)
+                row_bytes = np.array([t.shape[1] * t.element_size() for t in layer.sources], dtype=np.int64)
+                class_bytes[layer.ratio] = int((runs[:, 2] * row_bytes[runs[:, 0]]).sum())
+                device = layer.planes[0].device
+                per_class[layer.ratio] = (torch.from_numpy(runs).to(device),
+                                          torch.tensor([len(runs)], dtype=torch.int32).to(device))
+        self._runs = per_class
+        #: the bytes the copies move: the rows of the positions and blocks from skip_below on
+        self.copied = sum(class_bytes[layer.ratio] for layer in self.layers)
+
+    def gather(self, buffer: torch.Tensor, first: int = 0, last: Optional[int] = None) -> None:
+        """Copy the rows of layers [first, last) into ``buffer``, which holds those layers' bytes."""
+        self._copy(gather_rows, buffer, first, last)
+
+    def scatter(self, buffer: torch.Tensor, first: int = 0, last: Optional[int] = None) -> None:
+        """Copy ``buffer``, the bytes of layers [first, last), into the rows."""
+        self._copy(scatter_rows, buffer, first, last)
+
+    def _copy(self, op, buffer: torch.Tensor, first: int, last: Optional[int]) -> None:
+        layers = self.layers[first:last]
+        base = layers[0].offset if layers else 0
+        nbytes = sum(layer.nbytes for layer in layers)
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1 or buffer.numel() != nbytes:
+            what = ("transfer_bytes() = " if len(layers) == len(self.layers) else "the layers' ") + str(nbytes)
+            raise ValueError(f"buffer must be a 1-D uint8 tensor of {what} bytes for this sequence and these KV "
+                             f"tensors, got {buffer.dtype} {tuple(buffer.shape)}")
+        for layer in layers:
+            runs, count = self._runs[layer.ratio]
+            op(layer.sources, runs, count, buffer[layer.offset - base: layer.offset - base + layer.nbytes])
 
 
 def gather_sequence(plan: KvPlan, kv: UnifiedKv, export: SequenceExport, buffer: torch.Tensor, *,
@@ -214,7 +246,7 @@ def gather_sequence(plan: KvPlan, kv: UnifiedKv, export: SequenceExport, buffer:
     an export the manager does not describe identically now (deallocated,
     its id reused, a step since), KV tensors that are not the plan's, a
     buffer of another size, table entries outside the tensors."""
-    _transfer(gather_rows, plan, kv, export, buffer, manager, 0)
+    SequenceRows(plan, kv, export, manager=manager).gather(buffer)
 
 
 def scatter_sequence(plan: KvPlan, kv: UnifiedKv, export: SequenceExport, buffer: torch.Tensor,
@@ -232,4 +264,4 @@ def scatter_sequence(plan: KvPlan, kv: UnifiedKv, export: SequenceExport, buffer
     if cached is not None and cached != export.cached:
         raise ValueError(f"cached must be what import_sequence returned for sequence {export.seq_id}, "
                          f"{export.cached}, got {cached}")
-    _transfer(scatter_rows, plan, kv, export, buffer, manager, export.cached)
+    SequenceRows(plan, kv, export, manager=manager, skip_below=export.cached).scatter(buffer)

@@ -3,7 +3,6 @@ transfer engine (loopback TCP): its bytes land in the receiver's own rows
 exactly as the in-process gather_sequence reads them, across layouts and
 prefix hits; refusals, wrong rows, other models, replays and sides that die
 are answered in bounded time with nothing written and nothing leaked."""
-import select
 import time
 
 import numpy as np
@@ -45,13 +44,18 @@ def counts(p):
 
 
 STAGED = 1 << 20  # a staging buffer that holds the sequence (4 KiB would not: rows go straight then)
+#: pieces of at most 16 KiB: the test sequence's five layers (4-12 KiB each) go in four, the fourth over the
+#: first two
+SMALL = 32 << 10
 
 
 @pytest.mark.parametrize("a_layout, b_layout, b_page, staging", [
     ("static", "row_space", 32, (0, 0)), ("row_space", "elastic", 0, (0, 0)), ("row_space", "row_space", 64, (0, 0)),
     ("elastic", "upstream", 0, (0, 0)), ("upstream", "static", 0, (0, 0)),
     ("row_space", "elastic", 0, (STAGED, STAGED)), ("static", "row_space", 32, (STAGED, 0)),
-    ("row_space", "static", 0, (0, STAGED)), ("elastic", "row_space", 64, (4096, 4096))])
+    ("row_space", "static", 0, (0, STAGED)), ("elastic", "row_space", 64, (4096, 4096)),
+    ("row_space", "elastic", 0, (SMALL, SMALL)), ("static", "row_space", 32, (SMALL, 0)),
+    ("elastic", "static", 0, (0, SMALL)), ("upstream", "row_space", 64, (STAGED, SMALL))])
 def test_rows_land_in_the_receivers_rows_across_layouts(endpoints, a_layout, b_layout, b_page, staging):
     a, b = pool(a_layout, seed=1), pool(b_layout, page=b_page, seed=2)
     prefill(a, SENT, prompt(700))
@@ -68,7 +72,48 @@ def test_rows_land_in_the_receivers_rows_across_layouts(endpoints, a_layout, b_l
     sender.close()
 
 
-@pytest.mark.parametrize("staging", [(0, 0), (STAGED, STAGED)])
+def recorded(monkeypatch):
+    """Every message sent on a Channel from now on, in order."""
+    from ukv_torch.disagg import Channel
+    sent = []
+    original = Channel.send
+
+    def recording(channel, message):
+        sent.append(message)
+        original(channel, message)
+
+    monkeypatch.setattr(Channel, "send", recording)
+    return sent
+
+
+@pytest.mark.parametrize("staging, after", [((SMALL, SMALL), [0, 0, 0, 2]), ((STAGED, STAGED), [0, 0, 0]),
+                                            ((0, 0), [0, 0, 0])])
+def test_the_sequence_moves_in_pieces_of_whole_layers_through_the_buffers(endpoints, monkeypatch, staging, after):
+    a, b = pool("row_space", seed=1), pool("elastic", seed=2)
+    prefill(a, SENT, prompt(700))
+    expected = a.sequence_bytes(SENT)
+    sender, receiver = sides(endpoints, a, b, staging=staging)
+    sent = recorded(monkeypatch)
+    served = Served(receiver)
+    assert sender.send(SENT, receiver.address, RECEIVED).status == "sent"
+    assert len(served.wait()) == 1
+    accept = next(m for m in sent if m["type"] == "accept")
+    # the first and the last layer alone; SMALL: pieces of 4.0, 15.6, 11.5 and 4.2 KiB, the last over the first two
+    assert accept["after"] == after and len(accept["pieces"]) == len(after) + 1
+    order = [(m["type"], m.get("piece")) for m in sent if m["type"] not in ("offer", "accept")]
+    # a piece is said written once it landed, in order; one that goes where another was waits for its "scattered"
+    assert [m for m in order if m[0] == "written"] == [("written", k) for k in range(len(after))]
+    assert [m for m in order if m[0] == "scattered"] == ([("scattered", k) for k in range(4)] if any(after) else [])
+    for k, first in enumerate(after):
+        if first:
+            assert order.index(("scattered", first - 1)) < order.index(("written", k))
+    assert order.index(("written", len(after) - 1)) < order.index(("done", None)) and order[-1] == ("ack", None)
+    assert np.array_equal(b.sequence_bytes(RECEIVED).numpy(), expected.numpy())
+    receiver.close()
+    sender.close()
+
+
+@pytest.mark.parametrize("staging", [(0, 0), (STAGED, STAGED), (SMALL, SMALL)])
 def test_a_prefix_the_receiver_holds_does_not_travel(endpoints, staging):
     a, b = pool("elastic", seed=1), pool("row_space", seed=2)
     tokens = prompt(700)
@@ -155,10 +200,16 @@ def shifted_outside(runs, memory):
 def test_rows_the_receiver_names_wrongly_are_refused_before_any_byte_moves(endpoints, tamper, match):
     a, b = pool("static", seed=1), pool("row_space", seed=2)
     prefill(a, SENT, prompt(700))
-    before, gauges = b.snapshot(), counts(b)
     sender, receiver = sides(endpoints, a, b)
     honest = receiver.regions.runs
     receiver.regions.runs = lambda export, skip: tamper(honest(export, skip), endpoints[1].memory)
+    assert_answer_refused(sender, receiver, a, b, match)
+
+
+def assert_answer_refused(sender, receiver, a, b, match):
+    """The sender refuses the receiver's accept with a ValueError naming why:
+    nothing written, the sequence kept, the receiver's admission undone."""
+    before, gauges = b.snapshot(), counts(b)
     served = Served(receiver)
     with pytest.raises(ValueError, match=match):
         sender.send(SENT, receiver.address, RECEIVED)
@@ -169,13 +220,31 @@ def test_rows_the_receiver_names_wrongly_are_refused_before_any_byte_moves(endpo
     sender.close()
 
 
+@pytest.mark.parametrize("bad, match", [
+    (dict(pieces=[0, 3]), "pieces must be growing layer indices from 0 to 5"),
+    (dict(pieces=[0, 3, 2, 5]), "pieces must be growing"), (dict(pieces=[1, 5]), "pieces must be growing"),
+    (dict(pieces=[0, 2.5, 5]), "pieces must be growing"), (dict(pieces="0,5"), "pieces must be growing"),
+    (dict(after=[0, 0, 3, 1]), "waits must be 4 ints, each at most its piece's index"),
+    (dict(after=[0, 0, 0]), "waits must be 4 ints"), (dict(after=[0, -1, 0, 2]), "waits must be 4 ints")])
+def test_pieces_that_are_not_whole_layers_in_order_are_refused_before_any_byte_moves(endpoints, monkeypatch, bad,
+                                                                                      match):
+    a, b = pool("row_space", seed=1), pool("elastic", seed=2)
+    prefill(a, SENT, prompt(700))  # five layers, four pieces
+    sender, receiver = sides(endpoints, a, b, staging=(SMALL, SMALL))
+    from ukv_torch.disagg import Channel
+    send = Channel.send
+    monkeypatch.setattr(Channel, "send", lambda channel, message: send(
+        channel, dict(message, **bad) if message["type"] == "accept" else message))
+    assert_answer_refused(sender, receiver, a, b, "the receiver's " + match)
+
+
 def answer_to(receiver, channel, message):
     """Send a message to the receiver and serve it; (events, the answer)."""
     channel.send(message)
     events = []
     for _ in range(int(BOUND_S / 0.1)):
         events += receiver.poll(0.1)
-        if select.select([channel.sock], [], [], 0)[0]:
+        if channel.ready(0):
             return events, channel.receive(BOUND_S)
     raise AssertionError("no answer")
 
@@ -184,25 +253,22 @@ def test_a_replayed_completion_or_offer_starts_nothing(endpoints, monkeypatch):
     from ukv_torch.disagg import Channel
     a, b = pool("row_space", seed=1), pool("elastic", seed=2)
     prefill(a, SENT, prompt(700))
-    sender, receiver = sides(endpoints, a, b)
-    sent = {}
+    sender, receiver = sides(endpoints, a, b, staging=(SMALL, SMALL))
     original = Channel.send
-
-    def recording(channel, message):
-        sent[message["type"]] = message
-        original(channel, message)
-
-    monkeypatch.setattr(Channel, "send", recording)
+    log = recorded(monkeypatch)
     served = Served(receiver)
     assert sender.send(SENT, receiver.address, RECEIVED).status == "sent"
     assert len(served.wait()) == 1
     monkeypatch.setattr(Channel, "send", original)
+    sent = {message["type"]: message for message in log}
     gauges, kv = counts(b), b.snapshot()
     replay = Channel.connect(receiver.address, BOUND_S)
     for message, expected in ((sent["done"], "duplicate"), (sent["done"], "duplicate"),
                               (dict(sent["done"], xfer="never-offered"), "unknown")):
         events, answer = answer_to(receiver, replay, message)
         assert not events and answer == dict(type="ack", xfer=message["xfer"], status=expected)
+    events, answer = answer_to(receiver, replay, sent["written"])  # a piece's word outside its transfer
+    assert not events and answer["type"] == "error" and "unexpected message 'written'" in answer["reason"]
     events, answer = answer_to(receiver, replay, sent["offer"])
     assert not events and answer["type"] == "error" and "replayed offer" in answer["reason"]
     assert counts(b) == gauges and b.unchanged_since(kv) and b.mgr.num_computed(RECEIVED) == 700
@@ -222,7 +288,8 @@ def test_a_silent_sender_times_out_and_its_rows_are_freed(endpoints):
     export = a.mgr.describe_sequence(SENT)
     offer = dict(type="offer", xfer="silent", seq_id=RECEIVED, tokens=export.tokens.numpy().astype(np.int32).tobytes(),
                  num_computed=export.num_computed, salt=0, config=export.config.encode(),
-                 geometry=sender.regions.geometry(), nbytes=int(sender.regions.runs(export, 0)[:, 2].sum()))
+                 geometry=sender.regions.geometry(), nbytes=int(sender.regions.runs(export, 0)[:, 2].sum()),
+                 piece_bytes=1 << 20)
     silent = Channel.connect(receiver.address, BOUND_S)
     silent.send(offer)
     started = time.monotonic()
@@ -266,6 +333,61 @@ def test_a_receiver_that_dies_fails_the_send_in_bounded_time(endpoints, free_on_
     assert dying.wait(BOUND_S) == 3
     sender.close()
 
+
+HUNG_TIMEOUT_S = 2.0  # the waiting side's timeout in the tests of a hung peer
+
+
+def test_a_sender_that_hangs_mid_transfer_times_out_and_leaves_nothing_behind(endpoints):
+    from ukv_torch.disagg import KvReceiver
+    b = pool("elastic", seed=2)
+    gauges, kv = counts(b), b.snapshot()
+    receiver = KvReceiver(b.mgr, b.plan, b.kv, endpoints[1], timeout_s=HUNG_TIMEOUT_S, staging_bytes=SMALL)
+    accepted = []
+    await_pieces = receiver._await_pieces
+    receiver._await_pieces = lambda channel, move: accepted.append(time.monotonic()) or await_pieces(channel, move)
+    served = Served(receiver)
+    hung = peer("sender-hangs", *receiver.address)  # said piece 0 written, then stopped: alive, silent
+    try:
+        event, = served.wait()
+        waited = time.monotonic() - accepted[0]
+        assert hung.poll() is None  # still there: it hangs, it did not die
+    finally:
+        hung.kill()
+        hung.wait(BOUND_S)
+    assert event.seq_id == 5 and "went away at piece 1 of 4" in event.reason
+    assert HUNG_TIMEOUT_S <= waited < HUNG_TIMEOUT_S + 5
+    # the rows are freed; the piece that landed stays in rows that are free again
+    assert counts(b) == gauges and not b.mgr.has_sequence(5)
+    receiver.close()
+
+
+@pytest.mark.parametrize("receiver_staging, free_on_failure", [(0, False), (SMALL, False), (SMALL, True)])
+def test_a_receiver_that_hangs_fails_the_send_within_the_timeout(endpoints, receiver_staging, free_on_failure):
+    """A receiver that accepted and then never answers: with a slot to fill
+    twice the sender waits for its "scattered" mid-transfer, without one for
+    its acknowledgement. Either wait ends after the timeout."""
+    a = pool("row_space", seed=1)
+    before_prefill = counts(a)
+    prefill(a, SENT, prompt(700))
+    before_send = counts(a)
+    hung = peer("receiver-hangs", receiver_staging)
+    try:
+        ready = hung.stdout.readline().split()
+        assert ready[0] == "READY", ready
+        sender, _ = sides(endpoints, a, pool("elastic"), timeout_s=HUNG_TIMEOUT_S, free_on_failure=free_on_failure)
+        started = time.monotonic()
+        result = sender.send(SENT, (ready[1], int(ready[2])), RECEIVED)
+        waited = time.monotonic() - started
+        assert hung.poll() is None
+    finally:
+        hung.kill()
+        hung.wait(BOUND_S)
+    assert result.status == "failed" and "TimeoutError" in result.reason
+    assert ("0 scattered" in result.reason) == bool(receiver_staging), result.reason
+    assert HUNG_TIMEOUT_S <= waited < HUNG_TIMEOUT_S + 5
+    assert a.mgr.has_sequence(SENT) != free_on_failure
+    assert counts(a) == (before_prefill if free_on_failure else before_send)
+    sender.close()
 
 
 def test_a_malformed_message_is_answered_and_changes_nothing(endpoints):

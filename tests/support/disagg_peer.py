@@ -1,49 +1,80 @@
 """One side of a transfer in its own process, for the tests where a side
-dies: run as ``python disagg_peer.py ROLE ...`` (tests/support/disagg.py
+dies or hangs: run as ``python disagg_peer.py ROLE ...`` (tests/support/disagg.py
 starts it).
 
 - ``receiver-dies``: a receiver that prints ``READY host port`` and exits
   the moment it has answered an offer, before any byte lands.
+- ``receiver-hangs STAGING_BYTES``: a receiver that prints ``READY host
+  port``, answers an offer, and from then on never reads or answers again
+  (its transfer engine still takes bytes) until it is killed.
 - ``sender-dies HOST PORT``: a sender that offers a prefilled sequence to
-  that receiver, writes half of its rows, and exits.
+  that receiver, writes half of its first piece, and exits.
+- ``sender-hangs HOST PORT``: a sender that offers a prefilled sequence to
+  that receiver, says its first piece was written, and from then on neither
+  writes nor says anything until it is killed.
 """
 import os
 import sys
+import time
 
 from disagg_pools import pool, prefill, prompt
 
-from ukv_torch.disagg import KvReceiver, KvSender, TransferEndpoint
+from ukv_torch.disagg import Channel, KvReceiver, KvSender, TransferEndpoint
 
 DIED = 3
+#: long past any timeout of the side that waits on this one: the test kills it first
+HUNG_S = 600
 
 
-def receiver_dies() -> None:
+def receiver(on_offer, staging_bytes: int = 0) -> None:
     side = pool("elastic")
-    receiver = KvReceiver(side.mgr, side.plan, side.kv, TransferEndpoint(), timeout_s=30)
-    receiver._await_done = lambda *args: os._exit(DIED)
+    receiver = KvReceiver(side.mgr, side.plan, side.kv, TransferEndpoint(), timeout_s=30,
+                          staging_bytes=staging_bytes)
+    receiver._await_pieces = on_offer
     print("READY", *receiver.address, flush=True)
     for _ in range(600):  # at most a minute without an offer
         receiver.poll(0.1)
     sys.exit(1)
 
 
-def sender_dies(host: str, port: int) -> None:
+def sender(host: str, port: int, endpoint: TransferEndpoint) -> None:
     side = pool("row_space", seed=1)
     prefill(side, 1, prompt(700))
-    endpoint = TransferEndpoint()
-    write = endpoint.write
-
-    def half_then_die(peer, writes):
-        write(peer, writes[: max(1, len(writes) // 2)])
-        os._exit(DIED)
-
-    endpoint.write = half_then_die
     KvSender(side.mgr, side.plan, side.kv, endpoint, timeout_s=30).send(1, (host, port), 5)
     sys.exit(1)
 
 
+def sender_dies(host: str, port: int) -> None:
+    endpoint = TransferEndpoint()
+    submit = endpoint.submit
+
+    def half_then_die(peer, writes):
+        submit(peer, writes[: max(1, len(writes) // 2)]).wait(30)
+        os._exit(DIED)
+
+    endpoint.submit = half_then_die
+    sender(host, port, endpoint)
+
+
+def sender_hangs(host: str, port: int) -> None:
+    send = Channel.send
+
+    def hang_after_the_first_piece(channel, message):
+        send(channel, message)
+        if message["type"] == "written":
+            time.sleep(HUNG_S)
+
+    Channel.send = hang_after_the_first_piece
+    sender(host, port, TransferEndpoint())
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "receiver-dies":
-        receiver_dies()
-    else:
+    role = sys.argv[1]
+    if role == "receiver-dies":
+        receiver(lambda *args: os._exit(DIED))
+    elif role == "receiver-hangs":
+        receiver(lambda *args: time.sleep(HUNG_S), int(sys.argv[2]))
+    elif role == "sender-dies":
         sender_dies(sys.argv[2], int(sys.argv[3]))
+    else:
+        sender_hangs(sys.argv[2], int(sys.argv[3]))

@@ -8,6 +8,7 @@ time, never a wait forever.
 """
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import time
@@ -55,6 +56,10 @@ class Channel:
         if length > MAX_MESSAGE_BYTES:
             raise ChannelClosed(f"a {length}-byte message is over the {MAX_MESSAGE_BYTES}-byte limit")
         return msgpack.unpackb(self._read(length, deadline), raw=False)
+
+    def ready(self, timeout_s: float) -> bool:
+        """Whether a message (or the peer's close) waits to be read, after at most ``timeout_s``."""
+        return bool(select.select([self.sock], [], [], timeout_s)[0])
 
     def _read(self, count: int, deadline: Optional[float]) -> bytes:
         parts, left = [], count

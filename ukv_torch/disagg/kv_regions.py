@@ -7,13 +7,16 @@ bytes) runs, the receiver's likewise. Joining the two on the offsets gives
 the writes that move every byte from the sender's row straight to the
 receiver's row, with no buffer in between, whatever the two layouts are.
 
-A side may instead stage: its runs then address a contiguous buffer at the
-same offsets (`staged`), which gather_sequence fills or scatter_sequence
-empties. The join is the same; the writes merge into a few long ones.
+A transfer moves the buffer in pieces of whole layers (`pieces`), in order.
+A side may stage: its runs then address a registered buffer (`Staging`,
+`staged`) that the pieces go through in turn, which the sender fills a piece
+at a time with SequenceRows.gather and the receiver empties with
+SequenceRows.scatter. The join is the same; the writes merge into a few long
+ones.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import numpy as np
 import torch
@@ -24,6 +27,14 @@ from ..transfer import SequenceExport, _layer_runs, _layers
 
 #: a run list: int64 [n, 3] of (buffer offset, address, bytes), sorted by offset
 Runs = np.ndarray
+
+
+#: the most bytes of a piece: the sequence's layers go in groups of at most this
+#: many bytes (a larger layer alone), so the sender gathers one piece while the
+#: engine writes the one before and the receiver scatters one while the next
+#: arrives; small enough that the first gather and the last scatter, which
+#: nothing overlaps, stay short, large enough that a piece's messages cost little
+PIECE_BYTES = 16 << 20
 
 
 class KvRegions:
@@ -39,6 +50,11 @@ class KvRegions:
                 if t.dim() != 2 or t.stride(1) != 1:
                     raise ValueError(f"layer {layer}: a KV tensor of shape {tuple(t.shape)} and strides "
                                      f"{t.stride()} does not have contiguous rows")
+        # What addressing a layer's runs needs and the plan fixes: each tensor's base, and the
+        # (row bytes, pitch) shape that layers of one class share, so their runs are derived once.
+        self._bases = [np.array([t.data_ptr() for t in sources], dtype=np.int64) for sources in self._layer_sources]
+        self._shapes = [tuple((t.shape[1] * t.element_size(), t.stride(0) * t.element_size()) for t in sources)
+                        for sources in self._layer_sources]
 
     def memory(self) -> List[Tuple[int, int]]:
         """The distinct allocations holding the KV tensors, as (address,
@@ -60,6 +76,11 @@ class KvRegions:
             shape += [t.shape[1] * t.element_size() for t in sources] + [-1]
         return shape
 
+    def layer_bounds(self, export: SequenceExport) -> np.ndarray:
+        """Where each layer of the sequence's buffer starts, and its end: int64 [layers + 1]."""
+        layers = _layers(self.plan, self.kv, export.num_computed, export.swa_begin)
+        return np.cumsum([0] + [layer.nbytes for layer in layers], dtype=np.int64)
+
     def runs(self, export: SequenceExport, skip_below: int = 0) -> Runs:
         """The sequence's rows in this process: (buffer offset, address, bytes),
         leaving out positions and blocks below ``skip_below`` (a prefix the
@@ -67,51 +88,154 @@ class KvRegions:
         layers = _layers(self.plan, self.kv, export.num_computed, export.swa_begin)
         per_class = {}
         parts = []
-        for layer in layers:
-            if layer.ratio not in per_class:
-                per_class[layer.ratio] = np.array(_layer_runs(self.plan, layer, export, skip_below),
-                                                  dtype=np.int64).reshape(-1, 4)
-            parts.append(self._addressed(layer, per_class[layer.ratio]))
+        for index, layer in enumerate(layers):
+            shape = (layer.ratio, self._shapes[index])
+            if shape not in per_class:
+                per_class[shape] = _template(_layer_runs(self.plan, layer, export, skip_below), self._shapes[index])
+            tensor, offset, start, size = per_class[shape]
+            parts.append(np.stack([layer.offset + offset, self._bases[index][tensor] + start, size], axis=1))
         return np.concatenate(parts) if parts else np.zeros((0, 3), dtype=np.int64)
 
-    def _addressed(self, layer, runs: np.ndarray) -> Runs:
-        """A layer's [tensor, row, rows, offset] runs as addressed runs; a run
-        over rows that are not adjacent in memory becomes one run per row."""
-        out = []
-        for index, t in enumerate(layer.sources):
-            mine = runs[runs[:, 0] == index]
-            if not len(mine):
-                continue
-            row_bytes, pitch = t.shape[1] * t.element_size(), t.stride(0) * t.element_size()
-            if pitch != row_bytes:
-                mine = _one_row_each(mine, row_bytes)
-            out.append(np.stack([layer.offset + mine[:, 3], t.data_ptr() + mine[:, 1] * pitch,
-                                 mine[:, 2] * row_bytes], axis=1))
-        out = np.concatenate(out)
-        return out[np.argsort(out[:, 0], kind="stable")]
+
+def _template(runs: np.ndarray, shapes) -> Tuple[np.ndarray, ...]:
+    """A class's [tensor, row, rows, offset] runs as what every layer of it
+    shares: (tensor, offset in the layer, byte in the tensor, bytes), sorted by
+    offset; a run over rows that are not adjacent in memory becomes one run per row."""
+    row_bytes = np.array([b for b, _ in shapes], dtype=np.int64)
+    pitch = np.array([p for _, p in shapes], dtype=np.int64)
+    strided = pitch[runs[:, 0]] != row_bytes[runs[:, 0]]
+    if strided.any():
+        runs = np.concatenate([runs[~strided], _one_row_each(runs[strided], row_bytes)])
+        runs = runs[np.argsort(runs[:, 3], kind="stable")]
+    tensor = runs[:, 0]
+    return tensor, runs[:, 3], runs[:, 1] * pitch[tensor], runs[:, 2] * row_bytes[tensor]
 
 
-def _one_row_each(runs: np.ndarray, row_bytes: int) -> np.ndarray:
+def _one_row_each(runs: np.ndarray, row_bytes: np.ndarray) -> np.ndarray:
     """[tensor, row, rows, offset] runs split into runs of one row."""
     counts = runs[:, 2]
     run = np.repeat(np.arange(len(runs)), counts)
     step = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    return np.stack([runs[run, 0], runs[run, 1] + step, np.ones_like(step), runs[run, 3] + step * row_bytes], axis=1)
+    return np.stack([runs[run, 0], runs[run, 1] + step, np.ones_like(step),
+                     runs[run, 3] + step * row_bytes[runs[run, 0]]], axis=1)
 
 
-def staged(runs: Runs, buffer: torch.Tensor) -> Runs:
-    """The same bytes in a contiguous staging buffer: offset o at the buffer's byte o."""
+def pieces(bounds: np.ndarray, limit: int) -> List[int]:
+    """The layers where the pieces of a buffer with these layer bounds start,
+    and the layer count: consecutive layers of at most ``limit`` bytes
+    together, a larger layer alone, and the first and the last layer alone
+    (nothing overlaps the first piece's gather and the last one's scatter)."""
+    count = len(bounds) - 1
+    starts, first = [0], 0
+    for layer in range(1, count):
+        if layer in (1, count - 1) or bounds[layer + 1] - bounds[first] > limit:
+            starts.append(layer)
+            first = layer
+    return starts + [count]
+
+
+def check_pieces(layers: List[int], layer_count: int) -> List[int]:
+    """The receiver's pieces must start at layer 0, grow, and end at the last layer."""
+    if not (isinstance(layers, list) and len(layers) >= 2 and all(isinstance(x, int) for x in layers)
+            and layers[0] == 0 and layers[-1] == layer_count
+            and all(a < b for a, b in zip(layers, layers[1:]))):
+        raise ValueError(f"the receiver's pieces must be growing layer indices from 0 to {layer_count}, "
+                         f"got {layers!r}")
+    return layers
+
+
+def check_after(after: List[int], count: int) -> List[int]:
+    """For each of the receiver's pieces, how many pieces it must have
+    scattered before that one is written: only earlier ones, or the
+    transfer could never end."""
+    if not (isinstance(after, list) and len(after) == count and
+            all(isinstance(a, int) and not isinstance(a, bool) and 0 <= a <= k for k, a in enumerate(after))):
+        raise ValueError(f"the receiver's waits must be {count} ints, each at most its piece's index, got {after!r}")
+    return after
+
+
+class Staging:
+    """A side's registered host staging buffer of ``staging_bytes`` (none for
+    0). A transfer's pieces go through it in turn, each right after the one
+    before (back at its start where a piece would run past its end), so a
+    piece is filled only once the pieces there before it were written
+    (sender) or scattered (receiver)."""
+
+    def __init__(self, staging_bytes: int, owner: str):
+        if isinstance(staging_bytes, bool) or not isinstance(staging_bytes, int) or staging_bytes < 0:
+            raise ValueError(f"{owner}: staging_bytes must be an int >= 0, got {staging_bytes!r}")
+        # touched once, so its pages exist before the first transfer
+        self.buffer = torch.zeros(staging_bytes, dtype=torch.uint8) if staging_bytes else None
+        #: the largest piece this side stages: two at least fit, for the overlap
+        self.capacity = staging_bytes // 2
+
+    def memory(self) -> List[Tuple[int, int]]:
+        return [] if self.buffer is None else [(self.buffer.data_ptr(), self.buffer.numel())]
+
+    def holds(self, largest_piece: int) -> bool:
+        """Whether this side stages pieces of up to ``largest_piece`` bytes (else its rows go straight)."""
+        return self.buffer is not None and 0 < largest_piece <= self.capacity
+
+    def place(self, sizes: np.ndarray) -> Tuple[np.ndarray, List[int]]:
+        """Where pieces of these sizes go in the buffer, and for each how many
+        pieces (the first ones) must be emptied before it is filled: those
+        before it whose bytes it overlaps."""
+        places, after, position = [], [], 0
+        for k, size in enumerate(sizes.tolist()):
+            if position + size > self.buffer.numel():
+                position = 0
+            overlapped = [j for j in range(k) if places[j] < position + size and position < places[j] + sizes[j]]
+            places.append(position)
+            after.append(max(overlapped, default=-1) + 1)
+            position += size
+        return np.array(places, dtype=np.int64), after
+
+    def at(self, place: int, nbytes: int) -> torch.Tensor:
+        return self.buffer[place: place + nbytes]
+
+
+#: rows whose runs average this many bytes go straight even where a staging
+#: buffer is at hand: at ~17K requests a second over TCP, requests this long
+#: move faster than the transport moves bytes, and no copy is needed
+LONG_RUN_BYTES = 256 << 10
+
+
+def short(runs: Runs) -> bool:
+    """Whether rows are short enough for a staging buffer to pay: as their
+    own write requests they would cost more than the bytes (LONG_RUN_BYTES)."""
+    return len(runs) * LONG_RUN_BYTES > int(runs[:, 2].sum())
+
+
+def staged(runs: Runs, starts: np.ndarray, places: np.ndarray, staging: Staging) -> Runs:
+    """The same bytes in the staging buffer: offset o of piece k (the pieces
+    beginning at buffer offsets ``starts``, the last value their end) at the
+    buffer's byte places[k] + o - starts[k]; runs cut at the pieces' bounds,
+    and merged where they continue in the buffer."""
+    runs = cut(runs, starts)
+    piece = np.searchsorted(starts, runs[:, 0], side="right") - 1
     out = runs.copy()
-    out[:, 1] = buffer.data_ptr() + runs[:, 0]
+    out[:, 1] = staging.buffer.data_ptr() + places[piece] + runs[:, 0] - starts[piece]
+    return _merged(out[:, 0], out[:, 1], out[:, 1], out[:, 2])[:, [0, 1, 3]]
+
+
+def cut(runs: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Runs (offset, addresses..., bytes) cut where they cross one of ``bounds``
+    (sorted buffer offsets): every part lies between two bounds; its
+    addresses advance with its offset."""
+    if not len(runs):
+        return runs
+    low, high = runs[:, 0], runs[:, 0] + runs[:, -1]
+    first = np.searchsorted(bounds, low, side="right")
+    count = np.searchsorted(bounds, high, side="left") - first + 1
+    run = np.repeat(np.arange(len(runs)), count)
+    part = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+    inner = first[run] + part
+    begin = np.where(part == 0, low[run], bounds[np.minimum(inner - 1, len(bounds) - 1)])
+    end = np.where(part == count[run] - 1, high[run], bounds[np.minimum(inner, len(bounds) - 1)])
+    out = runs[run].copy()
+    out[:, 1:-1] += (begin - low[run])[:, None]
+    out[:, 0], out[:, -1] = begin, end - begin
     return out
-
-
-def staging_buffer(staging_bytes: int, owner: str) -> Optional[torch.Tensor]:
-    """A host staging buffer of staging_bytes (None for 0), touched once so
-    its pages exist before the first transfer."""
-    if isinstance(staging_bytes, bool) or not isinstance(staging_bytes, int) or staging_bytes < 0:
-        raise ValueError(f"{owner}: staging_bytes must be an int >= 0, got {staging_bytes!r}")
-    return torch.zeros(staging_bytes, dtype=torch.uint8) if staging_bytes else None
 
 
 def check_destination(destination: Runs, nbytes: int, memory: List[Tuple[int, int]]) -> None:
@@ -136,17 +260,18 @@ def check_destination(destination: Runs, nbytes: int, memory: List[Tuple[int, in
 
 
 def join(source: Runs, destination: Runs) -> np.ndarray:
-    """The writes (source address, destination address, bytes) that fill every
-    destination run from the source runs holding the same buffer bytes,
-    pieces that continue on both sides merged. A destination byte that no
-    source run holds is a ValueError: the two sides disagree on the sequence."""
+    """The writes (buffer offset, source address, destination address, bytes)
+    that fill every destination run from the source runs holding the same
+    buffer bytes, pieces that continue on both sides merged. A destination
+    byte that no source run holds is a ValueError: the two sides disagree on
+    the sequence."""
     if not len(destination):
-        return np.zeros((0, 3), dtype=np.int64)
+        return np.zeros((0, 4), dtype=np.int64)
     if len(source) == 1 and source[0, 0] <= destination[0, 0] and \
             destination[-1, 0] + destination[-1, 2] <= source[0, 0] + source[0, 2]:
-        # one source run holds everything (a staged sender): each destination run is one write
+        # one source run holds everything (a staged piece): each destination run is one write
         src = source[0, 1] + (destination[:, 0] - source[0, 0])
-        return _merged(src, destination[:, 1], destination[:, 2])
+        return _merged(destination[:, 0], src, destination[:, 1], destination[:, 2])
     s_begin, s_end = source[:, 0], source[:, 0] + source[:, 2]
     d_begin, d_end = destination[:, 0], destination[:, 0] + destination[:, 2]
     cuts = np.unique(np.concatenate([s_begin, s_end, d_begin, d_end]))
@@ -157,12 +282,15 @@ def join(source: Runs, destination: Runs) -> np.ndarray:
     s = np.searchsorted(s_begin, low, side="right") - 1
     if len(s_begin) == 0 or not ((s >= 0) & (low < s_end[np.maximum(s, 0)])).all():
         raise ValueError("the receiver asks for bytes the sender's rows do not hold (size mismatch)")
-    return _merged(source[s, 1] + (low - s_begin[s]), destination[d, 1] + (low - d_begin[d]), high - low)
+    return _merged(low, source[s, 1] + (low - s_begin[s]), destination[d, 1] + (low - d_begin[d]), high - low)
 
 
-def _merged(src: np.ndarray, dst: np.ndarray, size: np.ndarray) -> np.ndarray:
-    """Writes in offset order, each merged into the previous one where both its ends continue it."""
-    follows = np.concatenate([[False], (src[:-1] + size[:-1] == src[1:]) & (dst[:-1] + size[:-1] == dst[1:])])
-    group = np.cumsum(~follows) - 1
+def _merged(offset: np.ndarray, src: np.ndarray, dst: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Writes (offset, src, dst, bytes) in offset order, each merged into the
+    previous one where its offset and both its ends continue it."""
+    if not len(offset):
+        return np.zeros((0, 4), dtype=np.int64)
+    follows = np.concatenate([[False], (offset[:-1] + size[:-1] == offset[1:]) & (src[:-1] + size[:-1] == src[1:])
+                              & (dst[:-1] + size[:-1] == dst[1:])])
     first = np.flatnonzero(~follows)
-    return np.stack([src[first], dst[first], np.bincount(group, weights=size).astype(np.int64)], axis=1)
+    return np.stack([offset[first], src[first], dst[first], np.add.reduceat(size, first)], axis=1)

@@ -3,21 +3,27 @@
 
 The receiver listens for senders. For each offer it checks the model,
 admits the sequence with `import_sequence` (a refusal is answered before any
-byte moves), sends back where the sequence's rows are as runs, and waits
-for the sender's "done": only then does the sequence start (an `Arrival`).
-A sender that dies or stays silent past the timeout, or that aborts, costs
-the sequence its rows (an `Abort`), and the pool is as before the offer.
+byte moves), cuts the sequence's buffer into pieces of whole layers, and
+sends back where its rows are as runs, with the pieces. The sender then
+writes the pieces in order and says "written k" as each landed, and "done"
+after the last: only then does the sequence start (an `Arrival`). A sender
+that dies, says nothing for the timeout, or aborts, costs the sequence its
+rows (an `Abort`), and the pool is as before the offer.
 
 The wait happens inside `poll`, between the engine's steps: a step may move
 or reuse rows (row-space relocations, evictions), so none runs while bytes
 land.
 
 With ``staging_bytes`` the receiver names a registered buffer of that size
-instead of its rows, and scatters the sequence from it once "done" came. A
-transport whose cost is per request (TCP moves ~17K requests a second here,
-and a V4-Pro block is ~150 requests of a few KiB as rows) needs that; one
-with cheap requests (RDMA, GPU memory) writes the rows directly. Each side
-chooses for itself.
+instead of its rows where they are short (`short`), the pieces placed in it
+in turn, and scatters each piece from it once its "written" came, while the
+next one lands. If a piece must go where an earlier one was (a buffer
+smaller than the sequence), it answers "scattered k" as it empties each,
+and its accept tells how many must be scattered before each piece is
+written. A transport whose cost is per request (TCP moves ~17K requests a
+second here, and a V4-Pro block is ~150 requests of a few KiB as rows)
+needs that; one with cheap requests (RDMA, GPU memory) writes the rows
+directly. Each side chooses for itself.
 """
 from __future__ import annotations
 
@@ -34,10 +40,10 @@ from .. import ops
 from ..manager.kv_manager import KvManager
 from ..plan.records import KvPlan, ServeConfig
 from ..plan.unified_kv import UnifiedKv
-from ..transfer import SequenceExport, scatter_sequence, transfer_bytes
+from ..transfer import SequenceExport, SequenceRows
 from .channel import Channel, ChannelClosed
 from .endpoint import TransferEndpoint
-from .kv_regions import KvRegions, staged, staging_buffer
+from .kv_regions import PIECE_BYTES, KvRegions, Staging, pieces, short, staged
 
 #: how many finished transfer ids are remembered, to answer a replayed "done"
 REMEMBERED_TRANSFERS = 4096
@@ -68,7 +74,7 @@ class KvReceiver:
         self.mgr, self.plan, self.kv, self.endpoint = mgr, plan, kv, endpoint
         self.timeout_s = timeout_s
         self.regions = KvRegions(plan, kv)
-        self._staging = staging_buffer(staging_bytes, "KvReceiver")
+        self._staging = Staging(staging_bytes, "KvReceiver")
         endpoint.register(self._memory())
         self._listener = socket.create_server((host, port))
         self.address: Tuple[str, int] = self._listener.getsockname()[:2]
@@ -117,7 +123,7 @@ class KvReceiver:
         try:
             if xfer in self._finished:
                 raise ValueError(f"transfer {xfer} already ended here: a replayed offer starts nothing")
-            export = self._export(offer)
+            export, layers = self._export(offer)
             cached = self.mgr.import_sequence(seq_id, export)  # ValueError for what it refuses (a bad id, ...)
         except (ValueError, KeyError, TypeError) as e:  # KeyError, TypeError: a malformed offer
             channel.send(dict(type="error", xfer=xfer, reason=f"{type(e).__name__}: {e}"))
@@ -126,24 +132,58 @@ class KvReceiver:
             channel.send(dict(type="refused", xfer=xfer, answer=cached))
             return None
         mine = self._rows_now(seq_id)
-        runs = self.regions.runs(mine, cached)
-        nbytes = offer["nbytes"]
-        if self._staging is not None and nbytes <= self._staging.numel():  # else straight into the rows
-            runs = staged(runs, self._staging)
+        move = _Arriving(self, xfer, mine, cached, layers)
         try:
-            channel.send(dict(type="accept", xfer=xfer, cached=cached, runs=runs.tobytes(),
-                              engine=self.endpoint.name, memory=[list(span) for span in self.endpoint.memory]))
+            channel.send(dict(type="accept", xfer=xfer, cached=cached, runs=move.runs.tobytes(), pieces=layers,
+                              after=move.after, engine=self.endpoint.name,
+                              memory=[list(span) for span in self.endpoint.memory]))
         except ChannelClosed as e:
             self.mgr.deallocate(seq_id)
             self._remember(xfer)
             self._drop(channel)
             return Abort(seq_id, f"the sender went away: {e}")
         self.host_seconds += time.perf_counter() - started
-        return self._await_done(channel, xfer, seq_id, cached, mine)
+        return self._await_pieces(channel, move)
 
-    def _export(self, offer: dict) -> SequenceExport:
-        """The offer as an export this pool can import; ValueError if the
-        sender serves another model or its buffer would differ."""
+    def _await_pieces(self, channel: Channel, move: "_Arriving"):
+        """Each piece's "written" in order (scattering it from the staging
+        buffer when staged), then "done": the sequence starts. Anything else,
+        or silence for timeout_s, aborts it."""
+        seq_id, count = move.mine.seq_id, len(move.layers) - 1
+        try:
+            for k in range(count + 1):
+                message = channel.receive(self.timeout_s)
+                expected = dict(type="written", xfer=move.xfer, piece=k) if k < count else \
+                    dict(type="done", xfer=move.xfer)
+                if any(message.get(key) != value for key, value in expected.items()):
+                    reason = f"the sender answered {message.get('type')!r} {message.get('reason', '')}, " \
+                             f"expected {expected['type']!r} of piece {k}"
+                    break
+                if k < count and move.rows is not None:
+                    started = time.perf_counter()
+                    move.scatter(k)
+                    self.host_seconds += time.perf_counter() - started
+                    if any(move.after):  # the sender waits for the room
+                        channel.send(dict(type="scattered", xfer=move.xfer, piece=k))
+            else:
+                reason = ""
+        except (ChannelClosed, TimeoutError) as e:
+            reason = f"the sender went away at piece {k} of {count}: {e}"
+            self._drop(channel)
+        self._remember(move.xfer)
+        if reason:
+            self.mgr.deallocate(seq_id)
+            return Abort(seq_id, reason)
+        try:
+            channel.send(dict(type="ack", xfer=move.xfer, status="started"))
+        except ChannelClosed:  # the bytes landed: the sequence starts; the sender learns nothing more
+            self._drop(channel)
+        return Arrival(seq_id, move.cached, move.mine.num_computed, move.mine.tokens.tolist())
+
+    def _export(self, offer: dict) -> Tuple[SequenceExport, List[int]]:
+        """The offer as an export this pool can import, and the layers where
+        its pieces start (then the layer count); ValueError if the sender
+        serves another model or its buffer would differ."""
         if list(offer["geometry"]) != self.regions.geometry():
             raise ValueError(f"other model geometry: the sender has {offer['geometry']}, "
                              f"this receiver {self.regions.geometry()}")
@@ -157,11 +197,17 @@ class KvReceiver:
         export = SequenceExport(tokens, num_computed, max(0, num_computed - config.window + 1),
                                 torch.zeros(0, dtype=torch.int64), empty, empty, empty.view(0, 0), config,
                                 int(offer["salt"]))
-        nbytes = transfer_bytes(self.plan, self.kv, export)
-        if nbytes != offer["nbytes"]:
+        bounds = self.regions.layer_bounds(export)
+        if int(bounds[-1]) != offer["nbytes"]:
             raise ValueError(f"size mismatch: the sender's buffer has {offer['nbytes']} bytes, "
-                             f"this receiver's {nbytes}")
-        return export
+                             f"this receiver's {int(bounds[-1])}")
+        limit = offer["piece_bytes"]
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise ValueError(f"piece_bytes must be an int > 0, got {limit!r}")
+        limit = min(limit, PIECE_BYTES)
+        if self._staging.holds(int(np.diff(bounds).max())):  # then each piece fits twice here
+            limit = min(limit, self._staging.capacity)
+        return export, pieces(bounds, limit)
 
     def _rows_now(self, seq_id: int) -> SequenceExport:
         """The sequence's rows after the units its admission moved are applied."""
@@ -170,28 +216,6 @@ class KvReceiver:
         if self.kv.planes:
             ops.apply_row_copies(list(self.kv.planes), self.mgr.row_copies, self.mgr.row_copy_counts)
         return self.mgr.describe_sequence(seq_id)
-
-    def _await_done(self, channel: Channel, xfer: str, seq_id: int, cached: int, mine: SequenceExport):
-        try:
-            message = channel.receive(self.timeout_s)
-            done = message.get("type") == "done" and message.get("xfer") == xfer
-            reason = "" if done else f"the sender answered {message.get('type')!r}: {message.get('reason', '')}"
-        except (ChannelClosed, TimeoutError) as e:
-            done, reason = False, f"the sender went away: {e}"
-            self._drop(channel)
-        self._remember(xfer)
-        if not done:
-            self.mgr.deallocate(seq_id)
-            return Abort(seq_id, reason)
-        started, nbytes = time.perf_counter(), transfer_bytes(self.plan, self.kv, mine)
-        if self._staging is not None and nbytes <= self._staging.numel():
-            scatter_sequence(self.plan, self.kv, mine, self._staging[:nbytes], cached, manager=self.mgr)
-        self.host_seconds += time.perf_counter() - started
-        try:
-            channel.send(dict(type="ack", xfer=xfer, status="started"))
-        except ChannelClosed:  # the bytes landed: the sequence starts; the sender learns nothing more
-            self._drop(channel)
-        return Arrival(seq_id, cached, mine.num_computed, mine.tokens.tolist())
 
     def _remember(self, xfer: str) -> None:
         self._finished[xfer] = True
@@ -211,7 +235,26 @@ class KvReceiver:
         self.endpoint.unregister(self._memory())
 
     def _memory(self):
-        staging = [] if self._staging is None else [(self._staging.data_ptr(), self._staging.numel())]
-        return self.regions.memory() + staging
+        return self.regions.memory() + self._staging.memory()
 
 
+class _Arriving:
+    """An admitted sequence's rows as the receiver names them: straight, or
+    its staging buffer (see KvReceiver)."""
+
+    def __init__(self, receiver: KvReceiver, xfer: str, mine: SequenceExport, cached: int, layers: List[int]):
+        self.xfer, self.mine, self.cached, self.layers = xfer, mine, cached, layers
+        self.staging = receiver._staging
+        self.starts = receiver.regions.layer_bounds(mine)[layers]
+        sizes = np.diff(self.starts)
+        self.runs = receiver.regions.runs(mine, cached)
+        self.rows, self.after = None, [0] * len(sizes)  # after[k]: pieces to scatter before piece k is written
+        if self.staging.holds(int(sizes.max())) and short(self.runs):
+            self.places, self.after = self.staging.place(sizes)
+            self.runs = staged(self.runs, self.starts, self.places, self.staging)
+            self.rows = SequenceRows(receiver.plan, receiver.kv, mine, manager=receiver.mgr, skip_below=cached)
+
+    def scatter(self, k: int) -> None:
+        """Piece k's bytes from the staging buffer into the rows."""
+        self.rows.scatter(self.staging.at(int(self.places[k]), int(self.starts[k + 1] - self.starts[k])),
+                          self.layers[k], self.layers[k + 1])

@@ -3,36 +3,45 @@
 
 `KvSender.send` offers a decoding sequence to a receiver, and on its answer:
 - refused (NOT_NOW / NEVER_FITS): nothing moved, the sequence stays here;
-- accepted with the receiver's rows: checks them (inside the receiver's
-  registered KV, the buffer's bytes once each, exactly what the sequence
-  holds), writes every row straight from this pool's KV into the receiver's
-  through the transfer engine, says "done", and frees the sequence here once
-  the receiver acknowledged that it started it.
-With ``staging_bytes`` the rows are first gathered into a registered buffer
-of that size and written from there (see KvReceiver for when that pays).
-Between the offer and the acknowledgement the caller runs no step, so no row
-of the sequence moves or is reused while it is read.
+- accepted with the receiver's rows and pieces: checks them (inside the
+  receiver's registered KV, the buffer's bytes once each, exactly what the
+  sequence holds, pieces of whole layers) before any byte moves, then moves
+  the pieces in order: a piece's writes go to the transfer engine, which
+  moves them on its own threads while this one gathers the next piece and
+  tells the receiver "written k" for each piece that landed. After the last
+  one it says "done", and frees the sequence here once the receiver
+  acknowledged that it started it.
+With ``staging_bytes`` each piece is first gathered into a registered buffer
+of that size, the pieces placed in it in turn, and written from there (see
+KvReceiver for when that pays): gathered only once the pieces there before
+it landed. Into a receiver's staging buffer smaller than the sequence a
+piece is written only once the receiver said it scattered the pieces there
+before it ("scattered k"). Between the offer and the acknowledgement the
+caller runs no step, so no row of the sequence moves or is reused while it
+is read.
 
-A receiver that dies or stays silent past ``timeout_s`` makes the send fail
-(`SendResult.status == "failed"`); the sequence is then kept, or freed with
-``free_on_failure``. Rows the receiver names wrongly, or another model
-geometry, raise ValueError with nothing written and the sequence kept.
+A receiver that dies, or stays silent or stops taking bytes for
+``timeout_s``, makes the send fail (`SendResult.status == "failed"`); the
+sequence is then kept, or freed with ``free_on_failure``. Rows the receiver
+names wrongly, or another model geometry, raise ValueError with nothing
+written and the sequence kept.
 """
 from __future__ import annotations
 
+import collections
 import time
 import uuid
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Deque, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from ..manager.kv_manager import KvManager
 from ..plan.records import KvPlan
 from ..plan.unified_kv import UnifiedKv
-from ..transfer import gather_sequence, transfer_bytes
+from ..transfer import SequenceExport, SequenceRows
 from .channel import Channel, ChannelClosed
-from .endpoint import TransferEndpoint
-from .kv_regions import KvRegions, check_destination, join, staged, staging_buffer
+from .endpoint import POLL_S, TransferEndpoint, WriteFailed, Writes
+from .kv_regions import PIECE_BYTES, KvRegions, Staging, check_after, check_destination, check_pieces, cut, join
 
 
 class SendResult(NamedTuple):
@@ -40,8 +49,8 @@ class SendResult(NamedTuple):
     answer: Optional[int]       # sent: the receiver's cached prefix; refused: NOT_NOW / NEVER_FITS
     reason: str = ""            # failed: what went wrong
     nbytes: int = 0             # bytes written
-    write_seconds: float = 0.0  # in the transfer engine
-    host_seconds: float = 0.0   # describing, checking, gathering and joining the rows here (no waiting)
+    write_seconds: float = 0.0  # from the first piece's gather to the last piece landed
+    host_seconds: float = 0.0   # describing, checking, joining and gathering the rows here (no waiting)
 
 
 class KvSender:
@@ -55,7 +64,7 @@ class KvSender:
         self.mgr, self.plan, self.kv, self.endpoint = mgr, plan, kv, endpoint
         self.timeout_s, self.free_on_failure = timeout_s, free_on_failure
         self.regions = KvRegions(plan, kv)
-        self._staging = staging_buffer(staging_bytes, "KvSender")
+        self._staging = Staging(staging_bytes, "KvSender")
         endpoint.register(self._memory())
         self._channels: Dict[Tuple[str, int], Channel] = {}
 
@@ -65,12 +74,16 @@ class KvSender:
         (default: the same id)."""
         started = time.perf_counter()
         export = self.mgr.describe_sequence(seq_id)
-        nbytes = transfer_bytes(self.plan, self.kv, export)
+        bounds = self.regions.layer_bounds(export)
         xfer = uuid.uuid4().hex
+        # the receiver groups layers into pieces no larger, so that two fit here
+        limit = PIECE_BYTES
+        if self._staging.holds(int(np.diff(bounds).max())):
+            limit = min(limit, self._staging.capacity)
         offer = dict(type="offer", xfer=xfer, seq_id=seq_id if receiver_seq_id is None else receiver_seq_id,
                      tokens=export.tokens.numpy().astype(np.int32).tobytes(), num_computed=export.num_computed,
                      salt=export.salt, config=export.config.encode(), geometry=self.regions.geometry(),
-                     nbytes=nbytes)
+                     nbytes=int(bounds[-1]), piece_bytes=limit)
         host = time.perf_counter() - started
         try:
             channel = self._channel(tuple(receiver))
@@ -84,38 +97,26 @@ class KvSender:
         if answer.get("type") != "accept":
             raise ValueError(f"the receiver refused sequence {seq_id}: {answer.get('reason', answer.get('type'))}")
         try:
-            writes = self._writes(export, answer, nbytes)
+            pipeline = _Pipeline(self, channel, xfer, export, answer, bounds)
         except Exception as e:  # whatever stops the write, the receiver's admission must be undone
             self._tell(receiver, dict(type="abort", xfer=xfer, reason=f"the sender gave up: {e}"))
             raise
-        written = time.perf_counter()
-        host += written - answered
-        if not self.endpoint.write(answer["engine"], writes):
-            self._tell(receiver, dict(type="abort", xfer=xfer, reason="the write failed"))
-            return self._failed(seq_id, receiver, "the transfer engine's write failed")
-        write_seconds = time.perf_counter() - written
+        host += time.perf_counter() - answered
         try:
+            write_seconds, gathering = pipeline.run()
             channel.send(dict(type="done", xfer=xfer))
-            ack = channel.receive(self.timeout_s)
-        except (ChannelClosed, TimeoutError) as e:
-            return self._failed(seq_id, receiver, f"no acknowledgement: {e}")
+            ack = pipeline.reply()
+        except Exception as e:  # the receiver's admission is undone, and no write of it stays queued here
+            pipeline.cancel()
+            self._tell(receiver, dict(type="abort", xfer=xfer, reason=f"the sender gave up: {e}"))
+            if not isinstance(e, (WriteFailed, TimeoutError, ChannelClosed)):
+                raise
+            return self._failed(seq_id, receiver, f"{type(e).__name__}: {e}")
         if ack.get("status") != "started":
             return self._failed(seq_id, receiver, f"the receiver did not start it: {ack}")
         self.mgr.deallocate(seq_id)  # the receiver holds every byte now
-        return SendResult("sent", int(answer["cached"]), nbytes=int(writes[:, 2].sum()),
-                          write_seconds=write_seconds, host_seconds=host)
-
-    def _writes(self, export, answer: dict, nbytes: int) -> np.ndarray:
-        destination = np.frombuffer(answer["runs"], dtype=np.int64).reshape(-1, 3)
-        check_destination(destination, nbytes, [tuple(span) for span in answer["memory"]])
-        held = self.regions.runs(export, int(answer["cached"]))
-        if int(destination[:, 2].sum()) != int(held[:, 2].sum()):
-            raise ValueError(f"size mismatch: the receiver's rows hold {int(destination[:, 2].sum())} bytes, "
-                             f"the sequence {int(held[:, 2].sum())} beyond its cached prefix")
-        if self._staging is not None and nbytes <= self._staging.numel():  # else straight from the rows
-            gather_sequence(self.plan, self.kv, export, self._staging[:nbytes], manager=self.mgr)
-            held = staged(held, self._staging)
-        return join(held, destination)
+        return SendResult("sent", int(answer["cached"]), nbytes=pipeline.nbytes, write_seconds=write_seconds,
+                          host_seconds=host + gathering)
 
     def _channel(self, receiver: Tuple[str, int]) -> Channel:
         if receiver not in self._channels:
@@ -145,5 +146,102 @@ class KvSender:
         self.endpoint.unregister(self._memory())
 
     def _memory(self):
-        staging = [] if self._staging is None else [(self._staging.data_ptr(), self._staging.numel())]
-        return self.regions.memory() + staging
+        return self.regions.memory() + self._staging.memory()
+
+
+class _Pipeline:
+    """One accepted transfer's pieces, checked before any byte moves, then
+    written in order (see the module docstring)."""
+
+    def __init__(self, sender: KvSender, channel: Channel, xfer: str, export: SequenceExport, answer: dict,
+                 bounds: np.ndarray):
+        self.channel, self.xfer, self.peer = channel, xfer, answer["engine"]
+        self.endpoint, self.timeout_s, self.staging = sender.endpoint, sender.timeout_s, sender._staging
+        destination = np.frombuffer(answer["runs"], dtype=np.int64).reshape(-1, 3)
+        check_destination(destination, int(bounds[-1]), [tuple(span) for span in answer["memory"]])
+        self.layers = check_pieces(answer["pieces"], len(bounds) - 1)
+        self.after = check_after(answer["after"], len(self.layers) - 1)  # receiver: scatter these first
+        self.starts = bounds[self.layers]
+        sizes = np.diff(self.starts)
+        cached = int(answer["cached"])
+        self.rows = held = None
+        if self.staging.holds(int(sizes.max())):  # every piece through the buffer: gathered, written from there
+            self.places, self.room = self.staging.place(sizes)  # here: these pieces must have landed first
+            self.rows = SequenceRows(sender.plan, sender.kv, export, manager=sender.mgr, skip_below=cached)
+            holds = self.rows.copied
+        else:
+            held = sender.regions.runs(export, cached)
+            holds = int(held[:, 2].sum())
+        self.nbytes = int(destination[:, 2].sum())
+        if self.nbytes != holds:
+            raise ValueError(f"size mismatch: the receiver's rows hold {self.nbytes} bytes, "
+                             f"the sequence {holds} beyond its cached prefix")
+        # straight from the rows, every destination byte is checked against them here, before any byte moves
+        self.writes = cut(destination if held is None else join(held, destination), self.starts)
+        self.first = np.searchsorted(self.writes[:, 0], self.starts)  # piece k: rows [first[k], first[k + 1])
+        self.in_flight: Deque[Tuple[int, Writes]] = collections.deque()
+        self.landed = 0     # pieces that landed, each told to the receiver
+        self.scattered = 0  # pieces the receiver scattered: its room that is free again
+
+    def run(self) -> Tuple[float, float]:
+        """Write every piece; (seconds from the first gather to the last piece
+        landed, seconds of them spent gathering)."""
+        started, gathering = time.perf_counter(), 0.0
+        for k in range(len(self.layers) - 1):
+            if self.rows is not None and self.first[k + 1] > self.first[k]:  # a piece all cached moves nothing
+                self._until(lambda: self.landed >= self.room[k])
+                gathered = time.perf_counter()
+                self.rows.gather(self._staged(k), self.layers[k], self.layers[k + 1])
+                gathering += time.perf_counter() - gathered
+            self._until(lambda: self.scattered >= self.after[k])
+            self.in_flight.append((k, self.endpoint.submit(self.peer, self._writes(k))))
+        self._until(lambda: not self.in_flight)
+        return time.perf_counter() - started, gathering
+
+    def reply(self) -> dict:
+        """The receiver's next message but "scattered" ones, within the timeout."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            message = self.channel.receive(max(deadline - time.monotonic(), 0.0))
+            if message.get("type") != "scattered":
+                return message
+
+    def cancel(self) -> None:
+        """Stop the writes still in flight (the transfer is given up)."""
+        for _, writes in self.in_flight:
+            writes.cancel()
+
+    def _staged(self, k: int):
+        return self.staging.at(int(self.places[k]), int(self.starts[k + 1] - self.starts[k]))
+
+    def _writes(self, k: int) -> np.ndarray:
+        mine = self.writes[self.first[k]: self.first[k + 1]]
+        if self.rows is None:
+            return mine[:, 1:]
+        staged = np.array([[self.starts[k], self._staged(k).data_ptr(), self.starts[k + 1] - self.starts[k]]])
+        return join(staged, mine)[:, 1:]
+
+    def _until(self, condition) -> None:
+        """Tell the receiver of the pieces that landed, and note the ones it
+        scattered, until ``condition()`` holds; TimeoutError after timeout_s
+        with neither."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            while self.in_flight and self.in_flight[0][1].done():
+                piece, _ = self.in_flight.popleft()
+                self.channel.send(dict(type="written", xfer=self.xfer, piece=piece))
+                self.landed = piece + 1
+                deadline = time.monotonic() + self.timeout_s
+            if condition():
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no progress for {self.timeout_s:.1f} s: {self.landed} of "
+                                   f"{len(self.layers) - 1} pieces landed, {self.scattered} scattered")
+            if self.channel.ready(POLL_S):
+                message = self.channel.receive(self.timeout_s)
+                if message.get("type") != "scattered" or message.get("xfer") != self.xfer or \
+                        not isinstance(message.get("piece"), int):
+                    raise ChannelClosed(f"the receiver answered {message.get('type')!r} mid-transfer: "
+                                        f"{message.get('reason', '')}")
+                self.scattered = max(self.scattered, message["piece"] + 1)
+                deadline = time.monotonic() + self.timeout_s
