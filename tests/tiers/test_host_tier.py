@@ -18,6 +18,11 @@ def registered(tier, size=4096):
     return buf
 
 
+def padded(n):
+    """n bytes rounded up to whole 64-byte units."""
+    return -(-n // 64) * 64
+
+
 class ArenaModel:
     """An LRU store of byte strings in `capacity` bytes: each lies at the lowest
     64-byte boundary where its size rounded up to 64 bytes is free, and the
@@ -31,10 +36,10 @@ class ArenaModel:
         if key in self.objects:
             self.objects.move_to_end(key)
             return
-        need = -(-len(data) // 64) * 64
+        need = padded(len(data))
         while (start := self.first_fit(need)) is None:
             _, (old_start, old) = self.objects.popitem(last=False)
-            self.free[old_start: old_start + -(-len(old) // 64) * 64] = [True] * (-(-len(old) // 64) * 64)
+            self.free[old_start: old_start + padded(len(old))] = [True] * padded(len(old))
         self.free[start: start + need] = [False] * need
         self.objects[key] = (start, data)
 

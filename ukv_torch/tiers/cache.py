@@ -274,8 +274,8 @@ class TierCache:
                 if good[i]:
                     found.append(i)
             # Found further down: copied into the tiers searched before (a later load finds it nearer).
-            for nearer in self.backends[:level]:
-                if found:
+            if found:
+                for nearer in self.backends[:level]:
                     nearer.put([names[i] for i in found], [bufs[i] for i in found])
         if all(good):
             return objects, end
