@@ -78,7 +78,7 @@ NVCC_ARCHS ?= sm_90
 HIP_ARCHS ?= gfx90a gfx940 gfx942
 HIP_APTDEPS := hipcc libamdhip64-dev rocm-device-libs
 GPU_CHECK_DIR ?= build/gpu-compile-check
-KERNEL_LAUNCHERS := csrc/kernels/index_launchers.cu
+KERNEL_LAUNCHERS := $(wildcard csrc/kernels/*.cu)
 GPU_WARNINGS := -Wall -Wextra -Werror
 
 hip-toolchain:
@@ -88,8 +88,10 @@ gpu-compile-check: hip-toolchain
 	@command -v $(NVCC) >/dev/null || { echo "gpu-compile-check: $(NVCC) not found; install the CUDA toolkit or set NVCC=/path/to/nvcc"; exit 1; }
 	@mkdir -p $(GPU_CHECK_DIR)
 	@for arch in $(NVCC_ARCHS); do \
-	  $(NVCC) -std=c++17 -arch=$$arch -Icsrc -Werror all-warnings -Xcompiler $$(echo $(GPU_WARNINGS) | tr ' ' ,) \
-	    -c $(KERNEL_LAUNCHERS) -o $(GPU_CHECK_DIR)/index_launchers.$$arch.o || exit 1; \
+	  for src in $(KERNEL_LAUNCHERS); do \
+	    $(NVCC) -std=c++17 -arch=$$arch -Icsrc -Werror all-warnings -Xcompiler $$(echo $(GPU_WARNINGS) | tr ' ' ,) \
+	      -c $$src -o $(GPU_CHECK_DIR)/$$(basename $$src .cu).$$arch.o || exit 1; \
+	  done; \
 	  echo "gpu-compile-check: nvcc $$arch ok"; \
 	done
 	@printf '#include <hip/hip_runtime.h>\n__global__ void ukv_probe() {}\n' > $(GPU_CHECK_DIR)/probe.hip
@@ -97,8 +99,10 @@ gpu-compile-check: hip-toolchain
 	  if ! HIP_PLATFORM=amd $(HIPCC) --offload-arch=$$arch -c $(GPU_CHECK_DIR)/probe.hip -o $(GPU_CHECK_DIR)/probe.o >/dev/null 2>&1; then \
 	    echo "gpu-compile-check: hipcc does not know $$arch; skipped"; continue; \
 	  fi; \
-	  HIP_PLATFORM=amd $(HIPCC) -std=c++17 --offload-arch=$$arch -Icsrc $(GPU_WARNINGS) -x hip \
-	    -c $(KERNEL_LAUNCHERS) -o $(GPU_CHECK_DIR)/index_launchers.$$arch.o || exit 1; \
+	  for src in $(KERNEL_LAUNCHERS); do \
+	    HIP_PLATFORM=amd $(HIPCC) -std=c++17 --offload-arch=$$arch -Icsrc $(GPU_WARNINGS) -x hip \
+	      -c $$src -o $(GPU_CHECK_DIR)/$$(basename $$src .cu).$$arch.o || exit 1; \
+	  done; \
 	  echo "gpu-compile-check: hipcc $$arch ok"; \
 	done
 

@@ -190,6 +190,9 @@ TORCH_LIBRARY(ukv, m) {
         ukv::ops::SwaSlotMapping::schema(), ukv::ops::ApplyRowCopies::schema(),
         ukv::ops::GatherRows::schema(), ukv::ops::ScatterRows::schema()})
     m.def(schema.c_str());
+  // ---- KV tier objects (ops/object_checksum_ops.h): checksums on the host or the GPU ----
+  m.def("seal_objects(Tensor(a!) buffer, Tensor objects) -> ()");
+  m.def("verify_objects(Tensor buffer, Tensor objects) -> Tensor");
   m.def("bind_compress_view(Tensor(a) unified_kv, *, int compress_base, int compress_ratio, int block_size, "
         "int? block_stride=None) -> Tensor(a)");
 }

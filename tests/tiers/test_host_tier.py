@@ -26,22 +26,49 @@ def padded(n):
 class ArenaModel:
     """An LRU store of byte strings in `capacity` bytes: each lies at the lowest
     64-byte boundary where its size rounded up to 64 bytes is free, and the
-    least recently used go, one by one, until a new one fits."""
+    least recently used go, one by one, until a new one fits. A reserved
+    object holds its range, invisible and never evicted, until committed
+    (stored) or given back."""
 
     def __init__(self, capacity):
         self.free = [True] * (capacity // 64 * 64)
         self.objects = OrderedDict()  # key -> (start, bytes), least recently used first
+        self.reserved = {}  # key -> (start, size)
+
+    def room(self, size):
+        need = padded(size)
+        while (start := self.first_fit(need)) is None:
+            if not self.objects:
+                return None
+            _, (old_start, old) = self.objects.popitem(last=False)
+            self.release(old_start, len(old))
+        self.free[start: start + need] = [False] * need
+        return start
+
+    def release(self, start, size):
+        self.free[start: start + padded(size)] = [True] * padded(size)
 
     def put(self, key, data):
         if key in self.objects:
             self.objects.move_to_end(key)
-            return
-        need = padded(len(data))
-        while (start := self.first_fit(need)) is None:
-            _, (old_start, old) = self.objects.popitem(last=False)
-            self.free[old_start: old_start + padded(len(old))] = [True] * padded(len(old))
-        self.free[start: start + need] = [False] * need
-        self.objects[key] = (start, data)
+            return True
+        start = None if key in self.reserved else self.room(len(data))
+        if start is not None:
+            self.objects[key] = (start, data)
+        return start is not None
+
+    def reserve(self, key, size):
+        start = None if key in self.objects or key in self.reserved else self.room(size)
+        if start is not None:
+            self.reserved[key] = (start, size)
+        return start is not None
+
+    def commit(self, key, data):
+        start, size = self.reserved.pop(key)
+        if data is None:
+            self.release(start, size)
+        else:
+            self.objects[key] = (start, data)
 
     def first_fit(self, need):
         return next((s for s in range(0, len(self.free) - need + 1, 64) if all(self.free[s: s + need])), None)
@@ -53,15 +80,28 @@ def test_lru_eviction_against_a_model():
     buf = registered(tier)
     model = ArenaModel(1000)
     keys = [f"k{i}" for i in range(40)]
-    for i in range(2000):
-        key = rng.choice(keys)
-        if rng.random() < 0.5:
-            size = rng.randrange(1, 300)
-            data = bytes(rng.randrange(256) for _ in range(size))
+    views = {}  # reserved key -> (view, data)
+    for i in range(3000):
+        key, what = rng.choice(keys), rng.random()
+        size = rng.randrange(1, 300)
+        data = bytes(rng.randrange(256) for _ in range(size))
+        if what < 0.3:
             buf[:size] = torch.tensor(list(data), dtype=torch.uint8)
-            assert tier.put([key], [buf[:size]]) == [True]
-            model.put(key, data)
-        else:
+            assert tier.put([key], [buf[:size]]) == [model.put(key, data)]
+        elif what < 0.45:
+            view = tier.reserve([key], [size])[0]
+            assert (view is not None) == model.reserve(key, size)
+            if view is not None:
+                assert view.numel() == size
+                view.copy_(torch.tensor(list(data), dtype=torch.uint8))  # the caller's copy
+                views[key] = (view, data)
+        elif what < 0.6 and views:
+            key = rng.choice(sorted(views))
+            written = rng.random() < 0.8
+            tier.commit([key], [written])
+            data = views.pop(key)[1]
+            model.commit(key, data if written else None)
+        elif what < 0.8:
             got = tier.get([key], [buf[:300]])[0]
             if key in model.objects:
                 model.objects.move_to_end(key)
@@ -69,8 +109,28 @@ def test_lru_eviction_against_a_model():
                 assert got == len(data) and bytes(buf[:got].tolist()) == data
             else:
                 assert got == -1
+        else:
+            view = tier.peek([key])[0]
+            if key in model.objects:
+                model.objects.move_to_end(key)
+                assert bytes(view.tolist()) == model.objects[key][1]
+            else:
+                assert view is None
         assert tier.contains(keys) == [k in model.objects for k in keys]
         assert tier.stats()["bytes_used"] == sum(len(d) for _, d in model.objects.values())
+    assert model.reserved.keys() == views.keys()
+
+
+def test_reservations_are_refused_by_name():
+    tier = HostTier(1000, pinned=False)
+    with pytest.raises(ValueError, match="2 keys but 1 sizes"):
+        tier.reserve(["a", "b"], [1])
+    with pytest.raises(ValueError, match="sizes must be ints >= 0"):
+        tier.reserve(["a"], [-1])
+    with pytest.raises(ValueError, match="'a' is not reserved"):
+        tier.commit(["a"], [True])
+    assert tier.reserve(["a"], [2000]) == [None]  # larger than the tier
+    assert tier.stats()["objects"] == 0
 
 
 def test_answers_for_what_does_not_fit():

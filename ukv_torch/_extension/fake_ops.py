@@ -24,10 +24,13 @@ import torch
 from .eager import check_signature
 
 
-def _check_one_device(op, arguments):
-    """Every tensor argument (lists of tensors included) on one device: the first non-meta one's, else meta."""
+def _check_one_device(op, arguments, host=()):
+    """Every tensor argument (lists of tensors included) but those named in ``host``
+    on one device: the first non-meta one's, else meta."""
     tensors = {}
     for name, value in arguments.items():
+        if name in host:
+            continue
         if isinstance(value, torch.Tensor):
             tensors[name] = value
         elif isinstance(value, (list, tuple)):
@@ -39,8 +42,9 @@ def _check_one_device(op, arguments):
             raise RuntimeError(f"{op}: {name} must be on {expected} like the other arguments, got {t.device}")
 
 
-def _register_fake(op):
-    """torch.library.register_fake for ukv::op, with the one-device check first.
+def _register_fake(op, host=()):
+    """torch.library.register_fake for ukv::op, with the one-device check first
+    (``host``: arguments that are host tensors whatever the device).
     The fake's signature must be the op's schema (checked here, at import)."""
     def register(fn):
         check_signature(op, fn, "fake kernel")
@@ -48,7 +52,7 @@ def _register_fake(op):
 
         @functools.wraps(fn)
         def checked(*args, **kwargs):
-            _check_one_device(op, signature.bind(*args, **kwargs).arguments)
+            _check_one_device(op, signature.bind(*args, **kwargs).arguments, host)
             return fn(*args, **kwargs)
         return torch.library.register_fake(f"ukv::{op}")(checked)
     return register
@@ -142,3 +146,19 @@ def _gather_rows(sources, runs, run_count, buffer):
 @_register_fake("scatter_rows")
 def _scatter_rows(targets, runs, run_count, buffer):
     _check_transfer(targets, runs, run_count, buffer)
+
+
+def _check_objects(buffer, objects):
+    torch._check(buffer.dim() == 1, lambda: "buffer must be 1-D")
+    torch._check(objects.dim() == 2 and objects.shape[1] == 7, lambda: "objects must be [n, 7]")
+
+
+@_register_fake("seal_objects", host=("objects",))
+def _seal_objects(buffer, objects):
+    _check_objects(buffer, objects)
+
+
+@_register_fake("verify_objects", host=("objects",))
+def _verify_objects(buffer, objects):
+    _check_objects(buffer, objects)
+    return buffer.new_empty((objects.shape[0],), dtype=torch.bool)

@@ -9,7 +9,10 @@ system) is one class.
 Buffers are host tensors (uint8, contiguous, usually pinned) that the caller
 registered once with `register_buffer`; `put` and `get` take slices of them.
 Registering first lets a backend that moves bytes by DMA or RDMA (Mooncake)
-read and write those slices in place, with no copy of its own.
+read and write those slices in place, with no copy of its own. A backend in
+host memory (HostTier) can go further and lend its own memory: `reserve` /
+`commit` for saves and `peek` for loads, so the GPU's copies land in it and
+leave from it with no host copy at all.
 
 Errors: a backend raises only for misuse (a buffer that is not a registered
 host slice, keys and buffers of different lengths). Anything that goes wrong
@@ -21,7 +24,7 @@ fails because a tier did.
 from __future__ import annotations
 
 import abc
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -49,6 +52,28 @@ class TierBackend(abc.ABC):
         """Copy each key's object into the front of its buffer. Returns, per key,
         the object's size in bytes, or -1 where it is missing, larger than the
         buffer, or could not be read; a -1 buffer's bytes are unspecified."""
+
+    # --- optional: a backend whose memory the caller's copies reach directly ----------
+    def reserve(self, keys: Sequence[str], sizes: Sequence[int]) -> Optional[List[Optional[torch.Tensor]]]:
+        """Room for new objects in the backend's own host memory, which the caller
+        fills itself (a DMA from the GPU) and then hands over with `commit`:
+        per key a uint8 host tensor of its size, or None where the key is stored
+        already or no room can be made. A reserved object is invisible and
+        cannot be evicted until committed. None (the default): this backend
+        takes only `put`."""
+        return None
+
+    def commit(self, keys: Sequence[str], written: Sequence[bool]) -> None:
+        """End the reservations of `keys`: store those `written`, free the others."""
+        raise NotImplementedError(f"{type(self).__name__} reserves nothing, so it has nothing to commit")
+
+    def peek(self, keys: Sequence[str]) -> Optional[List[Optional[torch.Tensor]]]:
+        """The stored objects themselves, for the caller to copy from in place
+        (counted as gets): per key a uint8 host tensor of the object's bytes, or
+        None where it is missing. The tensors stay valid until the backend's
+        next put, reserve, commit or close. None (the default): this backend
+        lends no memory, use `get`."""
+        return None
 
     @abc.abstractmethod
     def contains(self, keys: Sequence[str]) -> List[bool]:

@@ -6,27 +6,32 @@
   object, with its tail object where the SWA rows of its trailing window are
   published too. The manager runs whole chunks (``KvManager.set_whole_chunks``,
   which ``admit`` turns on), so that is every block boundary of a prompt, not
-  only those a chunk's last window covers: a load can end at any of them. The rows are gathered on the step's stream, so no later
-  step can reuse or move them before they are read; the copy to host memory
-  runs on a side stream, and the objects reach the backends once it has
-  completed (``poll``). Nothing waits: a staging buffer without room drops
-  the save, a full tier evicts its least recently used objects.
+  only those a chunk's last window covers: a load can end at any of them.
+  The rows are gathered and the objects sealed (header and checksum) on the
+  step's stream, so no later step can reuse or move the rows before they are
+  read; the copies to host memory run on a side stream, straight into the
+  memory a HostTier reserves (into staging for a backend that takes puts),
+  and the objects reach the backends once they have completed (``poll``).
+  Nothing waits: a staging buffer without room drops the save, a full tier
+  evicts its least recently used objects.
 - ``admit(mgr, seq_id, tokens)`` instead of ``mgr.allocate``: the HBM hit
   is extended by the blocks that continue it in the tiers (host first, then
   the next backend; what a later backend had is copied into the earlier
-  ones), fetched into host memory and verified before anything is claimed, so a missing, truncated, foreign or corrupt object just ends
-  the loaded prefix there (the rest is prompt). The request is admitted with
-  that prefix as computed (``KvManager.allocate(loaded_tokens=...)``: the
-  same promise and refusals); the copy to the GPU starts on the side stream.
+  ones), copied to the KV's device (straight out of a HostTier's memory) and
+  verified there before anything is claimed, so a missing, truncated,
+  foreign or corrupt object just ends the loaded prefix there (the rest is
+  prompt). The request is admitted with that prefix as computed
+  (``KvManager.allocate(loaded_tokens=...)``: the same promise and refusals).
 - ``fill(mgr)`` in every step after the row copies and before the forward:
   the loaded objects are scattered into the rows their sequences hold now,
-  on the step's stream after it waited for the copy's event (no host sync).
+  on the step's stream (no host sync).
   A sequence that ended (or was preempted) in between gets nothing written.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -35,7 +40,7 @@ from ..manager.prefix_hashing import Salt, key_tensor, swa_page_hashes
 from .backend import TierBackend
 from .keys import KeyChain, chain_keys, key_name, root_key, tail_key
 from .objects import BLOCK, TAIL, ObjectLayout
-from .staging import Staging, aligned
+from .staging import ALIGN, Staging, aligned
 
 __all__ = ["TierCache"]
 
@@ -43,33 +48,61 @@ _STAGING_OBJECTS = 64  # default staging: at least this many objects of the larg
 
 
 @dataclass
-class _Objects:
-    """A contiguous staging range holding objects (kind, key) at offsets from its start."""
-    start: int
-    nbytes: int
-    kinds: List[int] = field(default_factory=list)
-    keys: List[bytes] = field(default_factory=list)
-    offsets: List[int] = field(default_factory=list)
-    device_copy: Optional[torch.Tensor] = None
-    event: Optional[object] = None
+class _Save:
+    """Sealed objects on their way from the GPU to the backends: copied into the
+    memory the lending backends reserved, and into staging for the others."""
+    names: List[str]
+    sizes: List[int]
+    offsets: List[int]
+    event: Optional[object] = None  # the copies' completion on the side stream (None: done)
+    reserved: List[Tuple[TierBackend, List[str]]] = field(default_factory=list)
+    put_backends: List[TierBackend] = field(default_factory=list)
+    staged: Optional[int] = None    # the staging range's start, for put_backends
+    nbytes: int = 0
 
 
 @dataclass
 class _Load:
-    begin: int   # the HBM hit in tokens: rows below it are the prefix cache's
-    end: int     # the loaded prefix's end
-    objects: _Objects
+    begin: int                  # the HBM hit in tokens: rows below it are the prefix cache's
+    end: int                    # the loaded prefix's end
+    source: torch.Tensor        # the verified objects on the KV's device, at offsets
+    offsets: List[int]          # of the block objects, then the tail object
+
+
+def _merged(pairs: List[Tuple[torch.Tensor, int]]) -> List[Tuple[torch.Tensor, int, int]]:
+    """Copies between host tensors and offsets of one buffer, as few as possible:
+    (host tensor, offset, bytes), where objects that follow each other in both
+    (64-byte aligned, as the arenas and the staging place them) make one copy
+    that spans the padding between them."""
+    runs: List[list] = []
+    for host, offset in pairs:
+        size = host.numel()
+        if runs:
+            prev = runs[-1]
+            gap = offset - (prev[2] + prev[3])
+            if host.untyped_storage().data_ptr() == prev[0].data_ptr() and 0 <= gap < ALIGN and \
+                    host.storage_offset() - prev[1] == offset - prev[2]:
+                prev[3] = offset + size - prev[2]
+                continue
+        runs.append([host.untyped_storage(), host.storage_offset(), offset, size])
+    out = []
+    for storage, start, offset, size in runs:
+        out.append((torch.empty(0, dtype=torch.uint8).set_(storage, start, (size,)), offset, size))
+    return out
 
 
 class TierCache:
     """The tiers of one engine (``backends``, searched in order) over the KV tensors
     ``kv`` of ``plan`` (None: sizes only, for capacity studies; see ObjectLayout).
 
-    ``staging_bytes``: host memory for the objects in flight (default: room
-    for a step's saves, the blocks of max_num_batched_tokens and their tails,
-    beside one load of max_blocks_per_seq blocks; at least 64 objects of the
-    larger kind); a save that finds no room is dropped, a load that finds none
-    loads nothing, and no load is longer than the staging holds. Construction checks everything first and
+    ``staging_bytes``: host memory for objects on their way to or from a
+    backend that lends no memory of its own (Mooncake; a HostTier lends its
+    arena, so the GPU's copies go straight into it and out of it). Its size
+    (default: room for a step's saves, the blocks of max_num_batched_tokens
+    and their tails, beside one load of max_blocks_per_seq blocks; at least
+    64 objects of the larger kind) also bounds a load: no load is longer than
+    the staging holds, and a save that finds no room there is dropped for
+    those backends. Construction checks everything first and
     raises ValueError naming the argument: no backend, a backend whose
     capacity_bytes is below one object, staging below one load's objects."""
 
@@ -100,13 +133,15 @@ class TierCache:
         self.staging = Staging(staging_bytes, pinned=self.cuda)
         for b in backends:
             b.register_buffer(self.staging.buffer)
+        # Saves and loads on streams of their own: a load waits for its copies only, not for saves.
         self.side = torch.cuda.Stream(self.device) if self.cuda else None
+        self.load_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.chain = KeyChain(layout.fingerprint, limit=4 * plan.pools.num_logical_blocks + 1024)
         bs, page = self.config.block_size, self.config.swa_page
         self._ppb = bs // page
         self._tables = 1 if self.config.layout == "row_space" else len(self.config.compress_ratios)
         self._first_tail_page = (bs - layout.tail_rows) // page
-        self._saves: List[_Objects] = []
+        self._saves: List[_Save] = []
         self._loads: Dict[int, _Load] = {}
         self.counters = dict(saved_objects=0, saved_bytes=0, dropped_saves=0, lookups=0, loaded_requests=0,
                              loaded_blocks=0, loaded_tokens=0, loaded_bytes=0, rejected_objects=0,
@@ -140,56 +175,81 @@ class TierCache:
         units = mgr.locate_pages(key_tensor(pages, prefix_hash), tokens).view(len(blocks), self._ppb)
         found = where[:, 0] >= 0
         has_tail = found & (units[:, self._first_tail_page:] >= 0).all(dim=1)
-        kinds = [BLOCK] * int(found.sum()) + [TAIL] * int(has_tail.sum())
+        n_blocks = int(found.sum())
+        kinds = [BLOCK] * n_blocks + [TAIL] * int(has_tail.sum())
+        if not kinds:
+            return
         keys = [k for (k, _), f in zip(blocks, found.tolist()) if f] + \
             [tail_key(k) for (k, _), t in zip(blocks, has_tail.tolist()) if t]
-        objects = self._take(kinds, keys)
-        if objects is None:
-            self.counters["dropped_saves"] += len(kinds)
-            return
-        n_blocks = int(found.sum())
-        target = torch.empty(objects.nbytes, dtype=torch.uint8, device=self.device) if self.cuda else \
-            self.staging.buffer[objects.start: objects.start + objects.nbytes]
+        offsets, nbytes = self._offsets(kinds)
+        # Gathered and sealed on the step's stream, so no later step reuses or moves the rows first.
+        target = torch.empty(nbytes, dtype=torch.uint8, device=self.device or "cpu")
         if n_blocks:
-            self.layout.gather(BLOCK, where[found], target, objects.offsets[:n_blocks])
+            self.layout.gather(BLOCK, where[found], target, offsets[:n_blocks])
         if len(kinds) > n_blocks:
-            self.layout.gather(TAIL, units[has_tail], target, objects.offsets[n_blocks:])
-        if self.cuda:
-            # The rows were read on the step's stream; only the staging copy runs beside it.
-            self.side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self.side):
-                self._host(objects).copy_(target, non_blocking=True)
-                objects.event = torch.cuda.Event()
-                objects.event.record(self.side)
-            target.record_stream(self.side)
-        self._saves.append(objects)
+            self.layout.gather(TAIL, units[has_tail], target, offsets[n_blocks:])
+        self.layout.seal(target, kinds, keys, offsets)
+        save = _Save([key_name(k) for k in keys], [self.layout.object_bytes(k) for k in kinds], offsets,
+                     nbytes=nbytes)
+        with self._stream(self.side, after_current=True):
+            for backend in self.backends:
+                self._copy_to_backend(save, backend, target)
+            if save.put_backends:
+                save.staged = self.staging.take(nbytes)
+                if save.staged is None:
+                    self.counters["dropped_saves"] += len(kinds) * len(save.put_backends)
+                    save.put_backends = []
+                else:
+                    self.staging.buffer[save.staged: save.staged + nbytes].copy_(target, non_blocking=True)
+            if self.cuda:
+                save.event = torch.cuda.Event()
+                save.event.record(self.side)
+                target.record_stream(self.side)
+        self._saves.append(save)
         self.poll()
 
+    def _copy_to_backend(self, save: _Save, backend: TierBackend, target: torch.Tensor) -> None:
+        """Into the memory ``backend`` reserves for the objects; a backend that lends
+        none is left for a put from staging."""
+        views = backend.reserve(save.names, save.sizes)
+        if views is None:
+            save.put_backends.append(backend)
+            return
+        taken = [i for i, v in enumerate(views) if v is not None]
+        refused = [save.names[i] for i, v in enumerate(views) if v is None]
+        if refused:  # stored already, or no room that is not reserved
+            self.counters["dropped_saves"] += sum(not p for p in backend.contains(refused))
+        for host, offset, size in _merged([(views[i], save.offsets[i]) for i in taken]):
+            host.copy_(target[offset: offset + size], non_blocking=True)
+        save.reserved.append((backend, [save.names[i] for i in taken]))
+
     def poll(self) -> None:
-        """Hand the saves whose copy has completed to the backends (no waiting)."""
+        """Hand the saves whose copies have completed to the backends (no waiting)."""
         while self._saves and (self._saves[0].event is None or self._saves[0].event.query()):
             self._store(self._saves.pop(0))
 
     def flush(self) -> None:
         """Wait for every save in flight and store it (shutdown, tests)."""
-        for objects in self._saves:
-            if objects.event is not None:
-                objects.event.synchronize()
+        for save in self._saves:
+            if save.event is not None:
+                save.event.synchronize()
         self.poll()
 
-    def _store(self, objects: _Objects) -> None:
-        buffers = []
-        for kind, key, offset in zip(objects.kinds, objects.keys, objects.offsets):
-            obj = self._object(objects, kind, offset)
-            self.layout.seal(kind, key, obj)
-            buffers.append(obj)
-        names = [key_name(k) for k in objects.keys]
-        for backend in self.backends:
-            missing = [i for i, present in enumerate(self._contains(names, backend)) if not present]
-            stored = backend.put([names[i] for i in missing], [buffers[i] for i in missing]) if missing else []
+    def _store(self, save: _Save) -> None:
+        size_of = dict(zip(save.names, save.sizes))
+        for backend, names in save.reserved:
+            backend.commit(names, [True] * len(names))
+            self.counters["saved_objects"] += len(names)
+            self.counters["saved_bytes"] += sum(size_of[n] for n in names)
+        if save.staged is None:
+            return
+        buffers = [self.staging.buffer[save.staged + o: save.staged + o + n] for o, n in zip(save.offsets, save.sizes)]
+        for backend in save.put_backends:
+            missing = [i for i, present in enumerate(self._contains(save.names, backend)) if not present]
+            stored = backend.put([save.names[i] for i in missing], [buffers[i] for i in missing]) if missing else []
             self.counters["saved_objects"] += sum(stored)
-            self.counters["saved_bytes"] += sum(buffers[i].numel() for i, ok in zip(missing, stored) if ok)
-        self.staging.free(objects.start, objects.nbytes)
+            self.counters["saved_bytes"] += sum(save.sizes[i] for i, ok in zip(missing, stored) if ok)
+        self.staging.free(save.staged, save.nbytes)
 
     # --- loading ------------------------------------------------------------------------
     def admit(self, mgr, seq_id: int, tokens, *, salt: Salt = None, max_load_tokens: Optional[int] = None) -> int:
@@ -198,6 +258,10 @@ class TierCache:
         NEVER_FITS with nothing changed). ``max_load_tokens`` bounds what one
         admission loads (None: what the tiers hold; in the row space the manager
         also bounds it by its copy list's share for loads in this step).
+
+        The objects are copied to the KV's device and verified there before
+        anything is claimed: admit waits for that copy (on a stream of its
+        own, not the step's), so it takes about the PCIe time of the bytes.
 
         The first admission turns the manager's whole chunks on
         (``KvManager.set_whole_chunks``), which keeps a reserve of SWA pages
@@ -209,22 +273,19 @@ class TierCache:
         tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
         load = self._find(mgr, tokens, salt, max_load_tokens)
         cached = mgr.allocate(seq_id, tokens, salt=salt, loaded_tokens=0 if load is None else load.end)
-        if load is None:
+        if load is None or cached != load.end:  # nothing to load, or refused: nothing was claimed
             return cached
-        if cached != load.end:  # refused: nothing was claimed
-            self.staging.free(load.objects.start, load.objects.nbytes)
-            return cached
-        self._to_device(load.objects)
         self._loads[seq_id] = load
         c = self.counters
         c["loaded_requests"] += 1
         c["loaded_blocks"] += (load.end - load.begin) // self.config.block_size
         c["loaded_tokens"] += load.end - load.begin
-        c["loaded_bytes"] += sum(self.layout.object_bytes(k) for k in load.objects.kinds)
+        c["loaded_bytes"] += (load.end - load.begin) // self.config.block_size * self.layout.object_bytes(BLOCK) + \
+            self.layout.object_bytes(TAIL)
         return cached
 
     def _find(self, mgr, tokens: List[int], salt: Salt, max_tokens: Optional[int]) -> Optional[_Load]:
-        """The longest verified continuation of the HBM hit: its objects in staging."""
+        """The longest verified continuation of the HBM hit, on the KV's device."""
         bs = self.config.block_size
         hit = mgr.can_allocate(tokens, salt=salt)
         if hit < 0 or not self.config.enable_prefix_caching:
@@ -246,42 +307,92 @@ class TierCache:
             ends = [e for e in ends if e * bs <= reach]
         while ends:
             end = ends[-1]
-            objects, limit = self._fetch(keys, first, end)
-            if objects is not None:
-                return _Load(first * bs, end * bs, objects)
+            load, limit = self._fetch(keys, first, end)
+            if load is not None:
+                return load
             ends = [e for e in ends if e <= limit]
         return None
 
     def _fetch(self, keys: List[bytes], first: int, end: int):
-        """The block objects [first, end) and the tail object at ``end`` in staging, verified:
-        (objects, _) or (None, the highest boundary still worth trying)."""
-        objects = self._take([BLOCK] * (end - first) + [TAIL], keys[first:end] + [tail_key(keys[end - 1])])
-        if objects is None:
-            return None, -1
-        names = [key_name(k) for k in objects.keys]
-        bufs = [self._object(objects, kind, off) for kind, off in zip(objects.kinds, objects.offsets)]
-        good = [False] * len(names)
-        for level, backend in enumerate(self.backends):
-            todo = [i for i, ok in enumerate(good) if not ok]
-            if not todo:
-                break
-            sizes = backend.get([names[i] for i in todo], [bufs[i] for i in todo])
-            found = []
-            for i, size in zip(todo, sizes):
-                good[i] = size >= 0 and self.layout.verify(objects.kinds[i], objects.keys[i], bufs[i], size)
-                self.counters["rejected_objects"] += size >= 0 and not good[i]
-                self.counters[f"{backend.name}_fetched_objects"] += good[i]
-                if good[i]:
-                    found.append(i)
-            # Found further down: copied into the tiers searched before (a later load finds it nearer).
-            if found:
-                for nearer in self.backends[:level]:
-                    nearer.put([names[i] for i in found], [bufs[i] for i in found])
+        """The block objects [first, end) and the tail object at ``end`` on the KV's
+        device, verified: (a _Load, _) or (None, the highest boundary still worth trying)."""
+        kinds = [BLOCK] * (end - first) + [TAIL]
+        okeys = keys[first:end] + [tail_key(keys[end - 1])]
+        names = [key_name(k) for k in okeys]
+        offsets, nbytes = self._offsets(kinds)
+        expected = [self.layout.object_bytes(k) for k in kinds]
+        sizes, staged, read_by = [-1] * len(kinds), None, [None] * len(kinds)
+        with self._stream(self.load_stream, after_current=False):
+            source = torch.empty(nbytes, dtype=torch.uint8, device=self.device or "cpu")
+            copies = []
+            for level, backend in enumerate(self.backends):
+                todo = [i for i, size in enumerate(sizes) if size != expected[i]]
+                if not todo:
+                    break
+                views = backend.peek([names[i] for i in todo])
+                if views is None:  # read into staging, at the objects' offsets
+                    staged = self.staging.take(nbytes) if staged is None else staged
+                    if staged is None:
+                        continue
+                    views = [self.staging.buffer[staged + offsets[i]: staged + offsets[i] + expected[i]] for i in todo]
+                    got = backend.get([names[i] for i in todo], views)
+                    views = [v[:g] if g >= 0 else None for v, g in zip(views, got)]
+                for i, view in zip(todo, views):
+                    if view is not None:
+                        sizes[i], read_by[i] = view.numel(), (level, view)
+                        if sizes[i] == expected[i]:
+                            copies.append((view, offsets[i]))
+            for host, offset, size in _merged(copies):
+                source[offset: offset + size].copy_(host, non_blocking=True)
+            sound = self.layout.verify(source, kinds, okeys, offsets).cpu()  # waits for this stream only
+        good = [size == want and bool(ok) for size, want, ok in zip(sizes, expected, sound)]
+        self._count_fetched(good, sizes, read_by)
+        self._copy_nearer(good, names, read_by)
+        if staged is not None:
+            self.staging.free(staged, nbytes)
         if all(good):
-            return objects, end
-        self.staging.free(objects.start, objects.nbytes)
+            return _Load(first * self.config.block_size, end * self.config.block_size, source, offsets), end
         bad = good.index(False)
         return None, (first + bad if bad < end - first else end - 1)
+
+    def _count_fetched(self, good, sizes, read_by) -> None:
+        self.counters["rejected_objects"] += sum(s >= 0 and not g for s, g in zip(sizes, good))
+        for g, by in zip(good, read_by):
+            if g:
+                self.counters[f"{self.backends[by[0]].name}_fetched_objects"] += 1
+
+    def _copy_nearer(self, good, names, read_by) -> None:
+        """What a later backend had goes into the backends searched before it (a
+        later load finds it nearer)."""
+        for level in range(1, len(self.backends)):
+            found = [i for i, (g, by) in enumerate(zip(good, read_by)) if g and by[0] == level]
+            for nearer in self.backends[:level] if found else ():
+                self._put_host(nearer, [names[i] for i in found], [read_by[i][1] for i in found])
+
+    def _put_host(self, backend: TierBackend, names: List[str], sources: List[torch.Tensor]) -> None:
+        """Objects in host memory into ``backend``: into the memory it lends, else by
+        put, from staging (copied there first unless they are there)."""
+        views = backend.reserve(names, [t.numel() for t in sources])
+        if views is not None:
+            for view, source in zip(views, sources):
+                if view is not None:
+                    view.copy_(source)
+            taken = [n for n, v in zip(names, views) if v is not None]
+            backend.commit(taken, [True] * len(taken))
+            return
+        staging = self.staging.buffer.untyped_storage().data_ptr()
+        if all(t.untyped_storage().data_ptr() == staging for t in sources):
+            backend.put(names, sources)
+            return
+        offsets, nbytes = self._offsets_of([t.numel() for t in sources])
+        start = self.staging.take(nbytes)
+        if start is None:
+            return  # no room now: a later load copies them
+        staged = [self.staging.buffer[start + o: start + o + t.numel()] for o, t in zip(offsets, sources)]
+        for dst, src in zip(staged, sources):
+            dst.copy_(src)
+        backend.put(names, staged)
+        self.staging.free(start, nbytes)
 
     def fill(self, mgr) -> None:
         """In every step, after its row copies are applied and before its forward: write
@@ -290,66 +401,45 @@ class TierCache:
         for seq_id, load in list(self._loads.items()):
             del self._loads[seq_id]
             if not mgr.has_sequence(seq_id) or mgr.num_computed(seq_id) != load.end:
-                self._release(load.objects)  # it ended meanwhile: its rows are not its own any more
-                self.counters["cancelled_loads"] += 1
+                self.counters["cancelled_loads"] += 1  # it ended meanwhile: its rows are not its own any more
                 continue
             first, end = load.begin // bs, load.end // bs
             tables = [mgr.logical_table(seq_id)] + [mgr.phys_table(seq_id, t)
                                                     for t in range(self._tables)]
             where = torch.stack([t[first:end] for t in tables], dim=1)
             units = mgr.staged_swa_table(seq_id)[(end - 1) * self._ppb: end * self._ppb].view(1, -1)
-            objects = load.objects
-            if self.cuda:
-                torch.cuda.current_stream(self.device).wait_event(objects.event)
-                source = objects.device_copy
-                source.record_stream(torch.cuda.current_stream(self.device))
-            else:
-                source = self.staging.buffer[objects.start: objects.start + objects.nbytes]
-            self.layout.scatter(BLOCK, where, source, objects.offsets[:-1])
-            self.layout.scatter(TAIL, units, source, objects.offsets[-1:])
-            self._release(objects)
+            if self.cuda:  # written on the load stream, which admit waited for
+                load.source.record_stream(torch.cuda.current_stream(self.device))
+            self.layout.scatter(BLOCK, where, load.source, load.offsets[:-1])
+            self.layout.scatter(TAIL, units, load.source, load.offsets[-1:])
 
     def cancel_loads(self, seq_ids: Sequence[int]) -> None:
         """Drop the loads of sequences the engine deallocates or preempts before their
         first step (``fill`` drops them as well when it finds them ended)."""
         for seq_id in seq_ids:
-            load = self._loads.pop(seq_id, None)
-            if load is not None:
-                self._release(load.objects)
+            if self._loads.pop(seq_id, None) is not None:
                 self.counters["cancelled_loads"] += 1
 
-    def _to_device(self, objects: _Objects) -> None:
-        if not self.cuda:
-            return
-        with torch.cuda.stream(self.side):
-            objects.device_copy = torch.empty(objects.nbytes, dtype=torch.uint8, device=self.device)
-            objects.device_copy.copy_(self._host(objects), non_blocking=True)
-            objects.event = torch.cuda.Event()
-            objects.event.record(self.side)
+    # --- helpers ---------------------------------------------------------------------
+    def _offsets(self, kinds: List[int]):
+        """Each object's offset in a buffer of them (64-byte aligned), and the buffer's bytes."""
+        return self._offsets_of([self.layout.object_bytes(kind) for kind in kinds])
 
-    def _release(self, objects: _Objects) -> None:
-        # The host range is free once the copy to the device has read it.
-        if objects.event is not None:
-            self._saves.append(_Objects(objects.start, objects.nbytes, event=objects.event))
-        else:
-            self.staging.free(objects.start, objects.nbytes)
-        objects.device_copy = None
-
-    # --- helpers ------------------------------------------------------------------------
-    def _take(self, kinds: List[int], keys: List[bytes]) -> Optional[_Objects]:
+    @staticmethod
+    def _offsets_of(sizes: List[int]):
         offsets, total = [], 0
-        for kind in kinds:
+        for size in sizes:
             offsets.append(total)
-            total += aligned(self.layout.object_bytes(kind))
-        start = self.staging.take(total) if total else None
-        return None if start is None else _Objects(start, total, kinds, keys, offsets)
+            total += aligned(size)
+        return offsets, total
 
-    def _host(self, objects: _Objects) -> torch.Tensor:
-        return self.staging.buffer[objects.start: objects.start + objects.nbytes]
-
-    def _object(self, objects: _Objects, kind: int, offset: int) -> torch.Tensor:
-        start = objects.start + offset
-        return self.staging.buffer[start: start + self.layout.object_bytes(kind)]
+    def _stream(self, stream, after_current: bool):
+        """Work on ``stream`` (after the current stream's work so far, if asked); on the CPU, inline."""
+        if stream is None:
+            return contextlib.nullcontext()
+        if after_current:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        return torch.cuda.stream(stream)
 
     @staticmethod
     def _contains(names: List[str], backend: TierBackend) -> List[bool]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numbers
 from collections import OrderedDict
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -38,7 +38,10 @@ class HostTier(TierBackend):
     memory, which the engine's copies to and from the GPU need to run
     asynchronously at full speed. A put that finds no free range large
     enough evicts the least recently used objects until one is (a get or a
-    put of an existing key counts as a use)."""
+    put of an existing key counts as a use).
+
+    It lends its memory (``reserve``/``commit``, ``peek``): a TierCache on a
+    GPU copies saves straight into the arena and loads straight out of it."""
 
     name = "host"
 
@@ -50,6 +53,7 @@ class HostTier(TierBackend):
         self.pinned = torch.cuda.is_available() if pinned is None else bool(pinned)
         self._arena = Staging(self.capacity_bytes, pinned=self.pinned)
         self._objects: "OrderedDict[str, Tuple[int, int]]" = OrderedDict()  # key -> (start, bytes)
+        self._reserved: Dict[str, Tuple[int, int]] = {}  # key -> (start, bytes), being written by the caller
         self._registered: List[torch.Tensor] = []
         self._counts = dict(puts=0, gets=0, hits=0, misses=0, evictions=0, errors=0, bytes_used=0)
 
@@ -78,20 +82,72 @@ class HostTier(TierBackend):
             self._objects.move_to_end(key)
             return True
         size = buffer.numel()
-        if aligned(size) > self.capacity_bytes:
+        start = None if key in self._reserved else self._room(size)
+        if start is None:
             self._counts["errors"] += 1
             return False
+        self._arena.buffer[start: start + size].copy_(buffer)
+        self._objects[key] = (start, size)
+        self._counts["bytes_used"] += size
+        return True
+
+    def _room(self, size: int):
+        """A free range of ``size`` bytes, evicting the least recently used objects
+        for it; None when even evicting every stored object would not make one
+        (reserved objects stay where they are)."""
+        if aligned(size) > self.capacity_bytes:
+            return None
         start = self._arena.take(size)
-        while start is None:  # an empty arena has room: this ends
+        while start is None and self._objects:
             _, (old_start, old_size) = self._objects.popitem(last=False)
             self._arena.free(old_start, old_size)
             self._counts["bytes_used"] -= old_size
             self._counts["evictions"] += 1
             start = self._arena.take(size)
-        self._arena.buffer[start: start + size].copy_(buffer)
-        self._objects[key] = (start, size)
-        self._counts["bytes_used"] += size
-        return True
+        return start
+
+    def reserve(self, keys: Sequence[str], sizes: Sequence[int]) -> List[Optional[torch.Tensor]]:
+        if len(keys) != len(sizes):
+            raise ValueError(f"HostTier.reserve: {len(keys)} keys but {len(sizes)} sizes")
+        out = []
+        for key, size in zip(keys, sizes):
+            if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
+                raise ValueError(f"HostTier.reserve: sizes must be ints >= 0, got {size!r}")
+            start = None if key in self._objects or key in self._reserved else self._room(int(size))
+            if start is None:
+                out.append(None)
+                continue
+            self._reserved[key] = (start, int(size))
+            out.append(self._arena.buffer[start: start + int(size)])
+        return out
+
+    def commit(self, keys: Sequence[str], written: Sequence[bool]) -> None:
+        if len(keys) != len(written):
+            raise ValueError(f"HostTier.commit: {len(keys)} keys but {len(written)} written flags")
+        for key, ok in zip(keys, written):
+            where = self._reserved.pop(key, None)
+            if where is None:
+                raise ValueError(f"HostTier.commit: {key!r} is not reserved")
+            if ok:
+                self._counts["puts"] += 1
+                self._objects[key] = where
+                self._counts["bytes_used"] += where[1]
+            else:
+                self._arena.free(*where)
+
+    def peek(self, keys: Sequence[str]) -> List[Optional[torch.Tensor]]:
+        out = []
+        for key in keys:
+            self._counts["gets"] += 1
+            where = self._objects.get(key)
+            if where is None:
+                self._counts["misses"] += 1
+                out.append(None)
+                continue
+            self._objects.move_to_end(key)
+            self._counts["hits"] += 1
+            out.append(self._arena.buffer[where[0]: where[0] + where[1]])
+        return out
 
     def get(self, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> List[int]:
         self._check(keys, buffers, "get")
@@ -116,8 +172,9 @@ class HostTier(TierBackend):
         return dict(self._counts, objects=len(self._objects), capacity_bytes=self.capacity_bytes)
 
     def close(self) -> None:
-        for start, size in self._objects.values():
+        for start, size in list(self._objects.values()) + list(self._reserved.values()):
             self._arena.free(start, size)
         self._objects.clear()
+        self._reserved.clear()
         self._registered.clear()
         self._counts["bytes_used"] = 0

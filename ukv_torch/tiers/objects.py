@@ -16,12 +16,16 @@ buffer's rule, ``ukv_torch.transfer``). The header:
 
     magic "UKVT", version (1 byte), kind (1 byte), 2 zero bytes,
     payload bytes (8, little-endian), model fingerprint (16), key (16),
-    checksum (16): XXH3-128 of the 48 bytes before it and the payload.
+    checksum (16) of the 48 bytes before it and the payload.
 
 An object is accepted only when its size, magic, version, kind, fingerprint
 and key are the expected ones and its checksum matches: a truncated, corrupt,
 foreign (other model) or misplaced object is a miss, never KV. The checksum
-catches corruption, at tens of GB/s; what ties an object to its prefix, model
+(csrc/kernels/object_checksum.h: position-keyed word terms summed in two
+64-bit lanes) is computed where the bytes are, by ``ukv.seal_objects`` and
+``ukv.verify_objects``: on the GPU for a CUDA KV, in parallel blocks at
+device memory speed, so neither a save nor a load passes its bytes through a
+host thread. It catches corruption; what ties an object to its prefix, model
 and tenant is its key (a cryptographic chain, keys.py), which the header
 repeats.
 """
@@ -30,21 +34,20 @@ from __future__ import annotations
 import struct
 from typing import List, NamedTuple, Optional, Sequence
 
+import numpy as np
 import torch
-import xxhash
 
 from ..ops import gather_rows, scatter_rows, swa_slot_mapping
 from ..plan.records import KvPlan
-from .keys import KEY_BYTES, fingerprint
+from .keys import fingerprint
 
 __all__ = ["BLOCK", "TAIL", "HEADER_BYTES", "ObjectLayout"]
 
 BLOCK, TAIL = 0, 1
 HEADER_BYTES = 64
 CSA_RATIO = 4
-_MAGIC, _VERSION = b"UKVT", 1
+_MAGIC, _VERSION = b"UKVT", 2
 _FIXED = struct.Struct("<4sBBHQ")  # magic, version, kind, 0, payload bytes
-_SIGNED = _FIXED.size + 2 * KEY_BYTES  # the bytes the checksum covers before the payload
 
 
 class _Layer(NamedTuple):
@@ -53,12 +56,6 @@ class _Layer(NamedTuple):
     row_bytes: List[int]                  # per plane
     indexer: Optional[torch.Tensor]       # a CSA layer's indexer cache as [blocks, entry bytes], or None
     indexer_bytes: int
-
-
-def _checksum(header: bytes, payload: memoryview) -> bytes:
-    h = xxhash.xxh3_128(header)
-    h.update(payload)
-    return h.digest()
 
 
 class ObjectLayout:
@@ -129,27 +126,36 @@ class ObjectLayout:
         """The size of a whole object of this kind (header included)."""
         return HEADER_BYTES + self.payload_bytes[kind]
 
-    # --- header and checks ---------------------------------------------------
-    def seal(self, kind: int, key: bytes, obj: torch.Tensor) -> None:
-        """Write the header of an object whose payload is in place (``obj``: its bytes, on the host)."""
-        if self.device is None:
-            return
-        header = _FIXED.pack(_MAGIC, _VERSION, kind, 0, self.payload_bytes[kind]) + self.fingerprint + key
-        data = obj.numpy()
-        data[:_SIGNED] = memoryview(header)
-        data[_SIGNED:HEADER_BYTES] = memoryview(_checksum(header, memoryview(data[HEADER_BYTES:])))
+    # --- headers and checks ----------------------------------------------------
+    def _table(self, kinds: Sequence[int], keys: Sequence[bytes], offsets: Sequence[int]) -> torch.Tensor:
+        """The objects argument of ukv.seal_objects / verify_objects: per object its
+        offset, then its header's 6 words (fixed fields, payload bytes, fingerprint, key)."""
+        n = len(kinds)
+        table = np.empty((n, 7), dtype=np.int64)
+        table[:, 0] = offsets
+        fixed = np.frombuffer(b"".join(_FIXED.pack(_MAGIC, _VERSION, k, 0, self.payload_bytes[k]) for k in (0, 1)),
+                              dtype="<i8").reshape(2, 2)
+        table[:, 1:3] = fixed[np.asarray(kinds, dtype=np.int64)]
+        table[:, 3:5] = np.frombuffer(self.fingerprint, dtype="<i8")
+        if n:
+            table[:, 5:7] = np.frombuffer(b"".join(keys), dtype="<i8").reshape(n, 2)
+        return torch.from_numpy(table)
 
-    def verify(self, kind: int, key: bytes, obj: torch.Tensor, size: int) -> bool:
-        """Whether ``obj`` (host bytes, ``size`` of them read) is the sound object of this kind and key."""
-        if size != self.object_bytes(kind) or obj.numel() < size:
-            return False
-        if self.device is None:
-            return True
-        data = obj[:size].numpy()
-        header = bytes(data[:_SIGNED])
-        expected = _FIXED.pack(_MAGIC, _VERSION, kind, 0, self.payload_bytes[kind]) + self.fingerprint + key
-        return header == expected and bytes(data[_SIGNED:HEADER_BYTES]) == _checksum(
-            header, memoryview(data[HEADER_BYTES:]))
+    def seal(self, buffer: torch.Tensor, kinds: Sequence[int], keys: Sequence[bytes], offsets: Sequence[int]) -> None:
+        """Write the headers (and checksums) of objects whose payloads are in place:
+        object i starts at ``buffer[offsets[i]]`` (a 1-D uint8 tensor on the KV's
+        device; the GPU's work goes on the current stream)."""
+        if self.device is not None and len(kinds):
+            torch.ops.ukv.seal_objects(buffer, self._table(kinds, keys, offsets))
+
+    def verify(self, buffer: torch.Tensor, kinds: Sequence[int], keys: Sequence[bytes],
+               offsets: Sequence[int]) -> torch.Tensor:
+        """Per object at ``buffer[offsets[i]]``: whether it is the sound object of its
+        kind and key (a bool tensor on the buffer's device; the caller checked
+        each object's size)."""
+        if self.device is None or not len(kinds):
+            return torch.ones(len(kinds), dtype=torch.bool, device=buffer.device)
+        return torch.ops.ukv.verify_objects(buffer, self._table(kinds, keys, offsets))
 
     # --- copies between rows and objects --------------------------------------
     def gather(self, kind: int, where: torch.Tensor, buffer: torch.Tensor, offsets: Sequence[int]) -> None:
