@@ -27,7 +27,7 @@ from .prefix_hashing import Salt, int_list, salt_arg
 from ..plan.records import KvPlan, PoolSizes, ServeConfig
 from .sequence_export import SequenceExport, check_same_model
 
-__all__ = ["KvManager", "table_index", "staged_tables_shape"]
+__all__ = ["KvManager", "table_index", "staged_tables_shape", "token_tensor"]
 
 IntsLike = Union[torch.Tensor, Sequence[int]]
 
@@ -54,7 +54,10 @@ def _counts(x: Union[int, IntsLike], n: int) -> torch.Tensor:
     return _ids(x, "num_new_tokens")
 
 
-def _tokens(x: IntsLike) -> torch.Tensor:
+def token_tensor(x: IntsLike) -> torch.Tensor:
+    """Tokens as the manager's calls take them: an int64 tensor, validated here
+    once (a tensor passes as it is), so a caller that makes several calls with
+    one prompt pays for the conversion once."""
     return _ids(x, "tokens")
 
 
@@ -106,7 +109,7 @@ class KvManager:
         """The cached prefix in tokens allocate() would give now (with the same
         ``loaded_tokens``), or NOT_NOW / NEVER_FITS; changes nothing (not even the
         refusal count)."""
-        return self.torch_object.can_allocate(_tokens(tokens), salt_arg(salt), loaded_tokens)
+        return self.torch_object.can_allocate(token_tensor(tokens), salt_arg(salt), loaded_tokens)
 
     def allocate(self, seq_id: int, tokens: IntsLike, *, salt: Salt = None, loaded_tokens: int = 0) -> int:
         """Admit a request given its known tokens (the prompt, or prompt + generated
@@ -136,7 +139,7 @@ class KvManager:
         commit_prefill. In the row space it may be less than asked (the
         step's copy list had no room to bind all their rows): only the rows up
         to the answer are the caller's to fill, the rest is prompt."""
-        return self.torch_object.allocate(_seq_id(seq_id), _tokens(tokens), salt_arg(salt), loaded_tokens)
+        return self.torch_object.allocate(_seq_id(seq_id), token_tensor(tokens), salt_arg(salt), loaded_tokens)
 
     # --- prefill ---
     def ensure_for_tokens(self, seq_ids: IntsLike, counts: IntsLike) -> None:
@@ -186,7 +189,7 @@ class KvManager:
         window. Once the token is committed the sequence decodes:
         ``num_tokens == num_computed + 1`` between steps."""
         ids = _ids(seq_ids)
-        samp = torch.full((ids.numel(),), -1, dtype=torch.int32) if sampled is None else _tokens(sampled)
+        samp = torch.full((ids.numel(),), -1, dtype=torch.int32) if sampled is None else token_tensor(sampled)
         self.torch_object.commit_prefill(ids, _ids(counts, "counts"), samp)
 
     # --- decode ---
@@ -211,7 +214,7 @@ class KvManager:
         + 1, in [1, the count append() scheduled], positions whose KV is now final.
         ``tokens`` are those positions' successors, concatenated per sequence: the
         accepted drafts, then the bonus token (``sum(counts)`` in all)."""
-        self.torch_object.commit_decode(_ids(seq_ids), _ids(counts, "counts"), _tokens(tokens))
+        self.torch_object.commit_decode(_ids(seq_ids), _ids(counts, "counts"), token_tensor(tokens))
 
     def deallocate(self, seq_ids: Union[int, IntsLike]) -> None:
         """End sequences, finished or preempted: their blocks and SWA pages are released.
@@ -263,7 +266,7 @@ class KvManager:
             raise ValueError(f"the sequence was exported under prefix_hash={export.config.prefix_hash!r}, this "
                              f"manager uses prefix_hash={self.config.prefix_hash!r}: its block_hashes are not this "
                              f"cache's keys")
-        return self.torch_object.import_sequence(_seq_id(seq_id), _tokens(export.tokens), export.num_computed,
+        return self.torch_object.import_sequence(_seq_id(seq_id), token_tensor(export.tokens), export.num_computed,
                                                  salt_arg(export.salt))
 
     # --- inspection ---

@@ -67,9 +67,10 @@ def salt_arg(salt: Salt) -> int:
 def int_list(values, name: str, lo: int, hi: int) -> List[int]:
     """Python ints in [lo, hi], or a TypeError / ValueError naming the argument."""
     values = values.tolist() if isinstance(values, torch.Tensor) else list(values)
-    # Plain ints in range, the common case, checked without a Python-level
-    # isinstance per value (an ABC check each: a 32K-token prompt took 40 ms).
-    if all(type(v) is int for v in values) and (not values or lo <= min(values) and max(values) <= hi):
+    # Plain ints in range, the common case, checked at C speed: a Python-level
+    # test per value (an isinstance, or a generator step) cost a 32K-token
+    # prompt 7-40 ms per call.
+    if set(map(type, values)) <= {int} and (not values or lo <= min(values) and max(values) <= hi):
         return values
     for v in values:
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):

@@ -36,6 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..manager.kv_events import KvEvent, KvEventKind, KvRole
+from ..manager.kv_manager import token_tensor
 from ..manager.prefix_hashing import Salt, key_tensor, swa_page_hashes
 from .backend import TierBackend
 from .keys import KeyChain, chain_keys, key_name, root_key, tail_key
@@ -173,21 +174,20 @@ class TierCache:
         where = mgr.locate_blocks(key_tensor(hashes, prefix_hash), tokens)
         pages = swa_page_hashes(hashes, self._ppb, prefix_hash)
         units = mgr.locate_pages(key_tensor(pages, prefix_hash), tokens).view(len(blocks), self._ppb)
-        found = where[:, 0] >= 0
-        has_tail = found & (units[:, self._first_tail_page:] >= 0).all(dim=1)
+        found = where.numpy()[:, 0] >= 0
+        has_tail = found & (units.numpy()[:, self._first_tail_page:] >= 0).all(axis=1)
         n_blocks = int(found.sum())
         kinds = [BLOCK] * n_blocks + [TAIL] * int(has_tail.sum())
         if not kinds:
             return
-        keys = [k for (k, _), f in zip(blocks, found.tolist()) if f] + \
-            [tail_key(k) for (k, _), t in zip(blocks, has_tail.tolist()) if t]
+        keys = [k for (k, _), f in zip(blocks, found) if f] + [tail_key(k) for (k, _), t in zip(blocks, has_tail) if t]
         offsets, nbytes = self._offsets(kinds)
         # Gathered and sealed on the step's stream, so no later step reuses or moves the rows first.
         target = torch.empty(nbytes, dtype=torch.uint8, device=self.device or "cpu")
         if n_blocks:
-            self.layout.gather(BLOCK, where[found], target, offsets[:n_blocks])
+            self.layout.gather(BLOCK, where[torch.from_numpy(found)], target, offsets[:n_blocks])
         if len(kinds) > n_blocks:
-            self.layout.gather(TAIL, units[has_tail], target, offsets[n_blocks:])
+            self.layout.gather(TAIL, units[torch.from_numpy(has_tail)], target, offsets[n_blocks:])
         self.layout.seal(target, kinds, keys, offsets)
         save = _Save([key_name(k) for k in keys], [self.layout.object_bytes(k) for k in kinds], offsets,
                      nbytes=nbytes)
@@ -270,7 +270,7 @@ class TierCache:
         self.cancel_loads([seq_id])
         if self.config.enable_prefix_caching and not mgr.whole_chunks:
             mgr.set_whole_chunks(True)  # a tail at every block boundary of a prompt
-        tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+        tokens = token_tensor(tokens)  # checked once for the manager's three calls
         load = self._find(mgr, tokens, salt, max_load_tokens)
         cached = mgr.allocate(seq_id, tokens, salt=salt, loaded_tokens=0 if load is None else load.end)
         if load is None or cached != load.end:  # nothing to load, or refused: nothing was claimed
@@ -284,7 +284,7 @@ class TierCache:
             self.layout.object_bytes(TAIL)
         return cached
 
-    def _find(self, mgr, tokens: List[int], salt: Salt, max_tokens: Optional[int]) -> Optional[_Load]:
+    def _find(self, mgr, tokens: torch.Tensor, salt: Salt, max_tokens: Optional[int]) -> Optional[_Load]:
         """The longest verified continuation of the HBM hit, on the KV's device."""
         bs = self.config.block_size
         hit = mgr.can_allocate(tokens, salt=salt)

@@ -180,11 +180,15 @@ class ObjectLayout:
                 continue
             if layer.ratio not in per_class:
                 runs = self._block_runs(layer, where, base) if kind == BLOCK else self._tail_runs(layer, where, base)
-                per_class[layer.ratio] = (runs.to(self.device),
-                                          torch.tensor([len(runs)], dtype=torch.int32).to(self.device))
+                per_class[layer.ratio] = (self._upload(runs), self._upload(torch.tensor([len(runs)], dtype=torch.int32)))
             runs, count = per_class[layer.ratio]
             sources = layer.planes + ([layer.indexer] if layer.indexer is not None else [])
             op(sources, runs, count, buffer[layer_offset:])
+
+    def _upload(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the KV's device, through pinned memory: a copy from pageable
+        memory would wait for the stream's earlier work (every gather before it)."""
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
 
     def _block_runs(self, layer: _Layer, where: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
         """Runs (tensor, first row, rows, offset) of a compress layer's rows in block objects."""
@@ -205,7 +209,7 @@ class ObjectLayout:
         return torch.cat(runs)
 
     def _tail_runs(self, layer: _Layer, where: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-        """Runs of a layer's SWA rows of the tail positions, one row each."""
+        """Runs of a layer's SWA rows of the tail positions."""
         bs, n = self.config.block_size, where.shape[0]
         positions = torch.arange(bs - self.tail_rows, bs, dtype=torch.int64)  # within the block
         rows = torch.empty(n * self.tail_rows, dtype=torch.int32)
@@ -214,14 +218,25 @@ class ObjectLayout:
                          block_size=bs, swa_rows=list(self.plan.swa_rows(layer.ratio)))
         if bool((rows < 0).any()):
             raise RuntimeError("a tail object's position has no SWA page: its rows cannot be copied")
+        # Positions whose rows follow each other (a page's) make one run: a row per
+        # run left the copy kernel with runs of a few hundred bytes.
+        r = rows.numpy().astype(np.int64)
+        first = np.ones(len(r), dtype=bool)
+        first[1:] = r[1:] != r[:-1] + 1
+        first[::self.tail_rows] = True  # an object's first row starts a run
+        starts = np.flatnonzero(first)
+        lengths = torch.from_numpy(np.diff(np.append(starts, len(r))))
+        starts_t, first_rows = torch.from_numpy(starts), torch.from_numpy(r[starts])
         step = torch.arange(self.tail_rows, dtype=torch.int64)
         runs, offset = [], 0
         for index, row_bytes in enumerate(layer.row_bytes):
-            offsets = (base.view(-1, 1) + offset + step * row_bytes).view(-1)
-            runs.append(self._runs(index, rows.to(torch.int64), 1, offsets))
+            offsets = (base.view(-1, 1) + offset + step * row_bytes).view(-1)[starts_t]
+            runs.append(self._runs(index, first_rows, lengths, offsets))
             offset += self.tail_rows * row_bytes
         return torch.cat(runs)
 
     @staticmethod
-    def _runs(tensor: int, rows: torch.Tensor, count: int, offsets: torch.Tensor) -> torch.Tensor:
-        return torch.stack([torch.full_like(rows, tensor), rows, torch.full_like(rows, count), offsets], dim=1)
+    def _runs(tensor: int, rows: torch.Tensor, count, offsets: torch.Tensor) -> torch.Tensor:
+        """(tensor, first row, rows, buffer offset) per run; ``count``: an int or per run."""
+        counts = count if isinstance(count, torch.Tensor) else torch.full_like(rows, count)
+        return torch.stack([torch.full_like(rows, tensor), rows, counts, offsets], dim=1)
