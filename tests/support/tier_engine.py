@@ -15,21 +15,17 @@ from ukv_torch.tiers import HostTier, TierCache
 BS, WINDOW = 128, 128
 MODEL = ModelKvSpec(layer_ratios=(0, 4, 128, 4, 128), head_dim=4, kv_elem_bytes=1, rope_head_dim=2,
                     rope_elem_bytes=2, indexer_bytes_per_block=64)
-# Rows of whole 16-byte units: in the row space every layer is then copied by one call.
-ALIGNED_MODEL = ModelKvSpec(layer_ratios=(0, 4, 128, 4, 128), head_dim=32, kv_elem_bytes=1, rope_head_dim=8,
-                            rope_elem_bytes=2, indexer_bytes_per_block=512)
 
 
 class TierEngine:
     """A manager, its KV tensors (random bytes), and a TierCache over ``backends``."""
 
     def __init__(self, layout: str, backends, *, page: int = 32, budget_kib: int = 256, seed: int = 0,
-                 device: str = "cpu", max_num_batched_tokens: int = 1024, model: ModelKvSpec = MODEL):
+                 device: str = "cpu", max_num_batched_tokens: int = 1024):
         config = ServeConfig(layout=layout, window=WINDOW, block_size=BS, compress_ratios=(4, 128), max_num_seqs=8,
                              max_num_batched_tokens=max_num_batched_tokens, max_blocks_per_seq=16, swa_sizing="step",
                              swa_page_tokens=page if layout == "row_space" else 0)
-        self.model = model
-        self.plan = plan_kv_layout(budget_kib << 10, model, config)
+        self.plan = plan_kv_layout(budget_kib << 10, MODEL, config)
         self.kv = allocate_unified_kv(self.plan, dtype=torch.uint8, rope_dtype=torch.int16, device=device)
         gen = torch.Generator().manual_seed(seed)
         for t in list(self.kv.kv) + [r for r in self.kv.rope if r is not None] + \
@@ -66,7 +62,7 @@ class TierEngine:
         out, cfg = [], self.plan.config
         row_space = cfg.layout == "row_space"
         logical = int(self.mgr.logical_table(seq_id)[block])
-        for layer, ratio in enumerate(self.model.layer_ratios):
+        for layer, ratio in enumerate(MODEL.layer_ratios):
             if not ratio:
                 continue
             args = self.plan.compress_args(ratio)
@@ -84,7 +80,7 @@ class TierEngine:
         out, page = [], self.plan.config.swa_page
         unit = int(self.mgr.staged_swa_table(seq_id)[position // page])
         assert unit >= 0, f"position {position} has no SWA page"
-        for layer, ratio in enumerate(self.model.layer_ratios):
+        for layer, ratio in enumerate(MODEL.layer_ratios):
             rows = torch.empty(1, dtype=torch.int32)
             swa_slot_mapping(torch.tensor([[unit]], dtype=torch.int32), torch.tensor([position % page]),
                              torch.zeros(1, dtype=torch.int32), rows, block_size=BS,

@@ -46,9 +46,6 @@ from .staging import ALIGN, Staging, aligned
 __all__ = ["TierCache"]
 
 _STAGING_OBJECTS = 64  # default staging: at least this many objects of the larger kind
-# A save piece's bytes at most: on an H100 host its copy (4.9 ms at 55 GB/s)
-# outlasts the host work of the next piece (its launches and run lists).
-_SAVE_PIECE_BYTES = 256 << 20
 
 
 @dataclass
@@ -165,12 +162,9 @@ class TierCache:
                 key = self.chain.key_of(ev)
                 if key is not None and not all(self._contains([key_name(key)], b)[0] for b in self.backends):
                     blocks.append((key, ev))
-        # In pieces: each piece's copy to host memory runs while the next one is
-        # gathered, and a piece takes at most half the staging (a step of whole
-        # chunks publishes every block with its tail, which a smaller staging
-        # saves in part).
-        piece_bytes = min(self.staging.size // 2, _SAVE_PIECE_BYTES)
-        piece = max(1, piece_bytes // (self._block_bytes + self._tail_bytes))
+        # In pieces of at most half the staging: a step of whole chunks publishes
+        # every block with its tail, which a smaller staging saves in part.
+        piece = max(1, self.staging.size // (2 * (self._block_bytes + self._tail_bytes)))
         for i in range(0, len(blocks), piece):
             self._save_blocks(mgr, blocks[i: i + piece])
 

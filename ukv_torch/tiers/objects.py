@@ -58,20 +58,6 @@ class _Layer(NamedTuple):
     indexer_bytes: int
 
 
-class _ByteSources(NamedTuple):
-    """The layers' tensors as byte ranges of the few storages they are views of
-    (the row space's planes): one gather or scatter then copies every layer."""
-    views: List[torch.Tensor]  # per storage, its bytes as [bytes // 16, 16] uint8
-    storage: np.ndarray        # [layers, sources]: the storage of each layer's source tensor
-    offset: np.ndarray         # the byte offset of the source's row 0 in it
-    stride: np.ndarray         # bytes from one row to the next
-    row_bytes: np.ndarray
-
-
-_MAX_SOURCES = 4  # tensors one gather_rows / scatter_rows call takes (kMaxPlanes)
-_UNIT = 16        # the byte views' row: the copy kernels' vector
-
-
 class ObjectLayout:
     """The byte format of a plan's tier objects, and the copies between the KV rows and them.
 
@@ -79,10 +65,8 @@ class ObjectLayout:
     per-layer ``kv`` tensors and optional ``rope`` and ``indexer`` lists); with
     ``kv=None`` the layout only knows sizes, from the plan's model (capacity
     studies). The layers' tensors are read and written with
-    :func:`ukv_torch.gather_rows` / :func:`ukv_torch.scatter_rows` on the
-    current stream: one call for all layers where their tensors are 16-byte
-    aligned views of at most four storages (the row space's planes), else
-    one call per layer.
+    :func:`ukv_torch.gather_rows` / :func:`ukv_torch.scatter_rows`, one call
+    per layer on the current stream.
 
     With ``kv=None`` the layout knows sizes only, from the plan's model: it
     copies nothing, and an object is sound when its size is right (capacity
@@ -108,32 +92,6 @@ class ObjectLayout:
                 sizes[kind] += self._layer_bytes(kind, layer)
         self.payload_bytes = sizes
         self.device = None if kv is None else self.layers[0].planes[0].device
-        self._bytes = None if kv is None else self._byte_sources()
-
-    def _byte_sources(self) -> Optional[_ByteSources]:
-        """The layers' tensors as ranges of whole 16-byte units of at most four
-        storages, or None where they are not (each layer is then copied alone)."""
-        sources = [list(l.planes) + ([l.indexer] if l.indexer is not None else []) for l in self.layers]
-        shape = (len(sources), max(len(s) for s in sources))
-        storage, offset, stride, row_bytes = (np.zeros(shape, dtype=np.int64) for _ in range(4))
-        views, index = [], {}
-        for i, (layer, tensors) in enumerate(zip(self.layers, sources)):
-            for j, t in enumerate(tensors):
-                st = t.untyped_storage()
-                if st.data_ptr() not in index:
-                    if len(views) == _MAX_SOURCES or st.nbytes() % _UNIT:
-                        return None
-                    index[st.data_ptr()] = len(views)
-                    views.append(torch.empty(0, dtype=torch.uint8, device=t.device).set_(
-                        st, 0, (st.nbytes() // _UNIT, _UNIT)))
-                size = t.element_size()
-                storage[i, j], offset[i, j] = index[st.data_ptr()], t.storage_offset() * size
-                stride[i, j], row_bytes[i, j] = t.stride(0) * size, t.shape[1] * size
-                # Runs of several rows (a block's, a page's) need rows that follow each other.
-                if (offset[i, j] | stride[i, j] | row_bytes[i, j]) % _UNIT or \
-                        (j < len(layer.planes) and stride[i, j] != row_bytes[i, j]):
-                    return None
-        return _ByteSources(views, storage, offset, stride, row_bytes)
 
     @staticmethod
     def _layer(plan: KvPlan, kv, index: int, ratio: int) -> _Layer:
@@ -216,35 +174,16 @@ class ObjectLayout:
         if self.device is None:
             return
         base = torch.tensor(offsets, dtype=torch.int64) + HEADER_BYTES
-        by_class = {}  # ratio -> (the class's runs in a layer's terms, its layers)
-        for i, layer in enumerate(self.layers):
-            if kind == TAIL or layer.ratio:
-                if layer.ratio not in by_class:
-                    by_class[layer.ratio] = ((self._block_runs if kind == BLOCK else self._tail_runs)(layer, where, base),
-                                             [])
-                by_class[layer.ratio][1].append(i)
-        if self._bytes is not None:
-            runs = np.concatenate([self._byte_runs(kind, runs.numpy(), np.asarray(layers))
-                                   for runs, layers in by_class.values()])
-            op(self._bytes.views, self._upload(torch.from_numpy(runs)),
-               self._upload(torch.tensor([len(runs)], dtype=torch.int32)), buffer)
-            return
-        for runs, layers in by_class.values():
-            runs, count = self._upload(runs), self._upload(torch.tensor([len(runs)], dtype=torch.int32))
-            for i in layers:
-                layer = self.layers[i]
-                op(layer.planes + ([layer.indexer] if layer.indexer is not None else []), runs, count,
-                   buffer[self._offsets[kind][i]:])
-
-    def _byte_runs(self, kind: int, runs: np.ndarray, layers: np.ndarray) -> np.ndarray:
-        """A class's runs (source, first row, rows, offset in the layer's part) for each
-        of ``layers``, as runs of 16-byte units of the storages (every layer's at once)."""
-        b = self._bytes
-        source, first, rows, offset = runs.T
-        start = b.offset[layers][:, source] + first * b.stride[layers][:, source]
-        units = rows * b.row_bytes[layers][:, source] // _UNIT
-        at = offset + np.asarray(self._offsets[kind], dtype=np.int64)[layers][:, None]
-        return np.stack([b.storage[layers][:, source], start // _UNIT, units, at], axis=-1).reshape(-1, 4)
+        per_class = {}
+        for layer, layer_offset in zip(self.layers, self._offsets[kind]):
+            if kind == BLOCK and not layer.ratio:
+                continue
+            if layer.ratio not in per_class:
+                runs = self._block_runs(layer, where, base) if kind == BLOCK else self._tail_runs(layer, where, base)
+                per_class[layer.ratio] = (self._upload(runs), self._upload(torch.tensor([len(runs)], dtype=torch.int32)))
+            runs, count = per_class[layer.ratio]
+            sources = layer.planes + ([layer.indexer] if layer.indexer is not None else [])
+            op(sources, runs, count, buffer[layer_offset:])
 
     def _upload(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor on the KV's device, through pinned memory: a copy from pageable
