@@ -497,6 +497,68 @@ def test_a_frozen_receiver_fails_the_send_within_the_timeout_and_the_sender_serv
     sender.close()
 
 
+class FreezingAfterTheProbe:
+    """A transfer engine whose probe of ``peer`` answers, and then the
+    process ``frozen`` is stopped with SIGSTOP, before the handshake."""
+
+    def __init__(self, engine, frozen):
+        self._engine, self._frozen = engine, frozen
+
+    def send_probe(self, peer):
+        rc = self._engine.send_probe(peer)
+        os.kill(self._frozen.pid, signal.SIGSTOP)
+        while not stopped(self._frozen):
+            time.sleep(0.001)
+        return rc
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def test_a_receiver_frozen_between_the_probe_and_the_handshake_holds_the_sends_only_for_their_timeouts(endpoints):
+    """The engine's handshake with a receiver that froze just after it
+    answered the probe waits about a minute, holding every write of that
+    engine: this send and the next one, to a receiver that answers, each
+    fail after the timeout; once the frozen one is gone, sends go through."""
+    from ukv_torch.disagg import KvReceiver, KvSender
+    a = pool("row_space", seed=1)
+    frozen = peer("receiver-serves")
+    b = pool("elastic", seed=2)
+    receiver = KvReceiver(b.mgr, b.plan, b.kv, endpoints[1], timeout_s=BOUND_S)  # waits for the sender's word
+    try:
+        ready = frozen.stdout.readline().split()
+        assert ready[0] == "READY", ready
+        engine = endpoints[0]._engine
+        endpoints[0]._engine = FreezingAfterTheProbe(engine, frozen)
+        sender = KvSender(a.mgr, a.plan, a.kv, endpoints[0], timeout_s=HUNG_TIMEOUT_S)
+        prefill(a, SENT, prompt(700))
+        started = time.monotonic()
+        result = sender.send(SENT, (ready[1], int(ready[2])), RECEIVED)
+        waited = time.monotonic() - started
+        endpoints[0]._engine = engine
+        assert stopped(frozen)
+        healthy = Served(receiver)
+        started = time.monotonic()
+        held = sender.send(SENT, receiver.address, RECEIVED)
+        held_for = time.monotonic() - started
+        aborted, = healthy.wait()
+        assert stopped(frozen)
+    finally:
+        frozen.kill()
+        frozen.wait(BOUND_S)
+    for failed, took in ((result, waited), (held, held_for)):
+        assert failed.status == "failed" and "TimeoutError" in failed.reason, failed
+        assert HUNG_TIMEOUT_S <= took < HUNG_TIMEOUT_S + 5
+    assert aborted.seq_id == RECEIVED and "abort" in aborted.reason and a.mgr.has_sequence(SENT)
+    served = Served(receiver)
+    deadline = time.monotonic() + BOUND_S  # the killed peer's handshake ends, and the lock with it
+    while (result := sender.send(SENT, receiver.address, RECEIVED)).status != "sent" and time.monotonic() < deadline:
+        pass
+    assert result.status == "sent" and served.wait()[-1].seq_id == RECEIVED
+    receiver.close()
+    sender.close()
+
+
 def test_a_send_to_a_peer_that_takes_no_bytes_fails_within_the_timeout():
     """A message larger than the sockets' buffers, to a peer that never reads:
     the channel's send ends after its timeout."""
