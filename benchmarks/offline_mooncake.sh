@@ -33,7 +33,11 @@ if ! "$PYTHON" -c "import mooncake.engine" 2>/dev/null; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${wheels[0]}"
   rm -rf "$SITE/syslibs" "$SITE/lib"
   mkdir -p "$SITE/syslibs" "$SITE/lib"
-  tar -xJf "$syslibs" -C "$SITE/syslibs"
+  "$PYTHON" - "$syslibs" "$SITE/syslibs" <<'PY'  # Python's tarfile: the host may have no xz
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as archive:
+    archive.extractall(sys.argv[2], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+PY
   # a library the host lacks may need others it lacks: look again until ldd finds them all
   for _ in 1 2 3 4 5 6; do
     missing=$(LD_LIBRARY_PATH="$SITE/lib" ldd "$SITE/mooncake/engine.so" | awk '/not found/ {print $1}' | sort -u)
