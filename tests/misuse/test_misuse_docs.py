@@ -13,11 +13,11 @@ import torch
 import xxhash
 
 import ukv_torch
+from support.hash_formulas import M64, fmix64
 from support.transfer_pools import Pool, prefilled
 
 GUIDE = (Path(__file__).resolve().parents[2] / "docs" / "serving-loop.md").read_text()
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-M64 = (1 << 64) - 1
 
 
 def in_guide(text):
@@ -33,14 +33,6 @@ def test_a_bytes_salt_is_blake2b_with_an_8_byte_digest_size(data):
     assert in_guide('`int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")`')
     assert "first 8 bytes of their BLAKE2b digest" not in GUIDE
     assert "digest_size=8" in ukv_torch.cache_salt.__doc__ and "digest_size=8" in README
-
-
-def fmix64(x):
-    x ^= x >> 33
-    x = (x * 0xFF51AFD7ED558CCD) & M64
-    x ^= x >> 33
-    x = (x * 0xC4CEB9FE1A85EC53) & M64
-    return x ^ (x >> 33)
 
 
 @pytest.mark.parametrize("pages_per_block", [1, 2, 4, 8])

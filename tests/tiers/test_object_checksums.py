@@ -11,16 +11,9 @@ import torch
 
 import ukv_torch  # noqa: F401  (registers the ops)
 
-M = (1 << 64) - 1
+from support.hash_formulas import fmix64
+
 POSITION_KEY, SPREAD, LANE = 0x9E3779B97F4A7C15, 0xD6E8FEB86659FD93, 0xC2B2AE3D27D4EB4F
-
-
-def fmix64(x):
-    x ^= x >> 33
-    x = (x * 0xff51afd7ed558ccd) & M
-    x ^= x >> 33
-    x = (x * 0xc4ceb9fe1a85ec53) & M
-    return x ^ (x >> 33)
 
 
 def reference_checksum(header48: bytes, payload: bytes) -> bytes:
