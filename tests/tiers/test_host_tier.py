@@ -127,10 +127,15 @@ def test_reservations_are_refused_by_name():
         tier.reserve(["a", "b"], [1])
     with pytest.raises(ValueError, match="sizes must be ints >= 0"):
         tier.reserve(["a"], [-1])
-    with pytest.raises(ValueError, match="'a' is not reserved"):
-        tier.commit(["a"], [True])
+    with pytest.raises(ValueError, match="sizes must be ints >= 0, got -1"):
+        tier.reserve(["a", "b"], [10, -1])  # nothing reserved: "a" can be reserved after
     assert tier.reserve(["a"], [2000]) == [None]  # larger than the tier
-    assert tier.stats()["objects"] == 0
+    assert tier.reserve(["a"], [10])[0] is not None
+    with pytest.raises(ValueError, match="'b' is not reserved"):
+        tier.commit(["a", "b"], [True, True])  # nothing committed: "a" is still reserved
+    assert tier.contains(["a"]) == [False]
+    tier.commit(["a"], [True])
+    assert tier.contains(["a"]) == [True] and tier.stats()["objects"] == 1
 
 
 def test_answers_for_what_does_not_fit():

@@ -109,10 +109,11 @@ class HostTier(TierBackend):
     def reserve(self, keys: Sequence[str], sizes: Sequence[int]) -> List[Optional[torch.Tensor]]:
         if len(keys) != len(sizes):
             raise ValueError(f"HostTier.reserve: {len(keys)} keys but {len(sizes)} sizes")
-        out = []
-        for key, size in zip(keys, sizes):
+        for size in sizes:  # all checked before anything is reserved
             if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
                 raise ValueError(f"HostTier.reserve: sizes must be ints >= 0, got {size!r}")
+        out = []
+        for key, size in zip(keys, sizes):
             start = None if key in self._objects or key in self._reserved else self._room(int(size))
             if start is None:
                 out.append(None)
@@ -124,10 +125,11 @@ class HostTier(TierBackend):
     def commit(self, keys: Sequence[str], written: Sequence[bool]) -> None:
         if len(keys) != len(written):
             raise ValueError(f"HostTier.commit: {len(keys)} keys but {len(written)} written flags")
+        missing = [key for key in keys if key not in self._reserved]
+        if missing:  # checked before anything is committed
+            raise ValueError(f"HostTier.commit: {missing[0]!r} is not reserved")
         for key, ok in zip(keys, written):
-            where = self._reserved.pop(key, None)
-            if where is None:
-                raise ValueError(f"HostTier.commit: {key!r} is not reserved")
+            where = self._reserved.pop(key)
             if ok:
                 self._counts["puts"] += 1
                 self._objects[key] = where
