@@ -39,6 +39,7 @@ import torch
 
 from ..ops import gather_rows, scatter_rows, swa_slot_mapping
 from ..plan.records import KvPlan
+from ..transfer import _merged_runs, _run_block
 from .keys import fingerprint
 
 __all__ = ["BLOCK", "TAIL", "HEADER_BYTES", "ObjectLayout"]
@@ -92,6 +93,9 @@ class ObjectLayout:
                 sizes[kind] += self._layer_bytes(kind, layer)
         self.payload_bytes = sizes
         self.device = None if kv is None else self.layers[0].planes[0].device
+        # The header's first two words per kind (magic, version, kind; payload bytes).
+        self._fixed_words = np.frombuffer(b"".join(_FIXED.pack(_MAGIC, _VERSION, kind, 0, sizes[kind])
+                                                   for kind in (BLOCK, TAIL)), dtype="<i8").reshape(2, 2)
 
     @staticmethod
     def _layer(plan: KvPlan, kv, index: int, ratio: int) -> _Layer:
@@ -133,9 +137,7 @@ class ObjectLayout:
         n = len(kinds)
         table = np.empty((n, 7), dtype=np.int64)
         table[:, 0] = offsets
-        fixed = np.frombuffer(b"".join(_FIXED.pack(_MAGIC, _VERSION, k, 0, self.payload_bytes[k]) for k in (0, 1)),
-                              dtype="<i8").reshape(2, 2)
-        table[:, 1:3] = fixed[np.asarray(kinds, dtype=np.int64)]
+        table[:, 1:3] = self._fixed_words[np.asarray(kinds, dtype=np.int64)]
         table[:, 3:5] = np.frombuffer(self.fingerprint, dtype="<i8")
         if n:
             table[:, 5:7] = np.frombuffer(b"".join(keys), dtype="<i8").reshape(n, 2)
@@ -173,13 +175,15 @@ class ObjectLayout:
     def _copy(self, op, kind: int, where: torch.Tensor, buffer: torch.Tensor, offsets: Sequence[int]) -> None:
         if self.device is None:
             return
-        base = torch.tensor(offsets, dtype=torch.int64) + HEADER_BYTES
+        base = np.asarray(offsets, dtype=np.int64) + HEADER_BYTES
+        where = where.numpy().astype(np.int64)
         per_class = {}
         for layer, layer_offset in zip(self.layers, self._offsets[kind]):
             if kind == BLOCK and not layer.ratio:
                 continue
             if layer.ratio not in per_class:
-                runs = self._block_runs(layer, where, base) if kind == BLOCK else self._tail_runs(layer, where, base)
+                runs = torch.from_numpy(self._block_runs(layer, where, base) if kind == BLOCK
+                                        else self._tail_runs(layer, where, base))
                 per_class[layer.ratio] = (self._upload(runs), self._upload(torch.tensor([len(runs)], dtype=torch.int32)))
             runs, count = per_class[layer.ratio]
             sources = layer.planes + ([layer.indexer] if layer.indexer is not None else [])
@@ -190,53 +194,39 @@ class ObjectLayout:
         memory would wait for the stream's earlier work (every gather before it)."""
         return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
 
-    def _block_runs(self, layer: _Layer, where: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    def _block_runs(self, layer: _Layer, where: np.ndarray, base: np.ndarray) -> np.ndarray:
         """Runs (tensor, first row, rows, offset) of a compress layer's rows in block objects."""
         config = self.config
         k = config.block_size // layer.ratio
         row_space = config.layout == "row_space"
         args = self.plan.compress_args(layer.ratio)
-        phys = where[:, 1 + (0 if row_space else config.type_of_ratio(layer.ratio))].to(torch.int64)
+        phys = where[:, 1 + (0 if row_space else config.type_of_ratio(layer.ratio))]
         rows = args["compress_base"] + phys * args["block_stride"]
         runs, offset = [], 0
         for index, row_bytes in enumerate(layer.row_bytes):
-            runs.append(self._runs(index, rows, k, base + offset))
+            runs.append(_run_block(index, rows, k, base + offset))
             offset += k * row_bytes
         if layer.indexer is not None:
             # Addressed like the compressed rows: by envelope in the row space, else by logical block.
-            ids = where[:, 1 if row_space else 0].to(torch.int64)
-            runs.append(self._runs(len(layer.planes), ids, 1, base + offset))
-        return torch.cat(runs)
+            runs.append(_run_block(len(layer.planes), where[:, 1 if row_space else 0], 1, base + offset))
+        return np.concatenate(runs)
 
-    def _tail_runs(self, layer: _Layer, where: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-        """Runs of a layer's SWA rows of the tail positions."""
+    def _tail_runs(self, layer: _Layer, where: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """Runs of a layer's SWA rows of the tail positions; positions whose rows
+        follow each other (a page's) make one run: a row per run left the copy
+        kernel with runs of a few hundred bytes."""
         bs, n = self.config.block_size, where.shape[0]
         positions = torch.arange(bs - self.tail_rows, bs, dtype=torch.int64)  # within the block
         rows = torch.empty(n * self.tail_rows, dtype=torch.int32)
-        swa_slot_mapping(where.to(torch.int32).contiguous(), positions.repeat(n),
+        swa_slot_mapping(torch.from_numpy(where.astype(np.int32)), positions.repeat(n),
                          torch.arange(n, dtype=torch.int32).repeat_interleave(self.tail_rows), rows,
                          block_size=bs, swa_rows=list(self.plan.swa_rows(layer.ratio)))
         if bool((rows < 0).any()):
             raise RuntimeError("a tail object's position has no SWA page: its rows cannot be copied")
-        # Positions whose rows follow each other (a page's) make one run: a row per
-        # run left the copy kernel with runs of a few hundred bytes.
-        r = rows.numpy().astype(np.int64)
-        first = np.ones(len(r), dtype=bool)
-        first[1:] = r[1:] != r[:-1] + 1
-        first[::self.tail_rows] = True  # an object's first row starts a run
-        starts = np.flatnonzero(first)
-        lengths = torch.from_numpy(np.diff(np.append(starts, len(r))))
-        starts_t, first_rows = torch.from_numpy(starts), torch.from_numpy(r[starts])
-        step = torch.arange(self.tail_rows, dtype=torch.int64)
+        rows = rows.numpy().astype(np.int64)
+        step = np.arange(self.tail_rows, dtype=np.int64)
         runs, offset = [], 0
         for index, row_bytes in enumerate(layer.row_bytes):
-            offsets = (base.view(-1, 1) + offset + step * row_bytes).view(-1)[starts_t]
-            runs.append(self._runs(index, first_rows, lengths, offsets))
+            runs.append(_run_block(index, rows, 1, (base[:, None] + offset + step * row_bytes).reshape(-1)))
             offset += self.tail_rows * row_bytes
-        return torch.cat(runs)
-
-    @staticmethod
-    def _runs(tensor: int, rows: torch.Tensor, count, offsets: torch.Tensor) -> torch.Tensor:
-        """(tensor, first row, rows, buffer offset) per run; ``count``: an int or per run."""
-        counts = count if isinstance(count, torch.Tensor) else torch.full_like(rows, count)
-        return torch.stack([torch.full_like(rows, tensor), rows, counts, offsets], dim=1)
+        return _merged_runs(np.concatenate(runs), np.asarray(layer.row_bytes, dtype=np.int64))
