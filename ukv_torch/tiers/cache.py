@@ -154,14 +154,16 @@ class TierCache:
         the events say were published through to the tiers. ``events`` are
         ``mgr.take_events()`` (pass them on to a router as well)."""
         self.poll()
-        blocks = []
+        published = []
         for ev in events:
             if ev.kind != KvEventKind.STORED:
                 self.chain.forget(ev)
             elif ev.role == KvRole.COMPRESS:
                 key = self.chain.key_of(ev)
-                if key is not None and not all(self._contains([key_name(key)], b)[0] for b in self.backends):
-                    blocks.append((key, ev))
+                if key is not None:
+                    published.append((key, ev))
+        everywhere = self._present([key_name(key) for key, _ in published], everywhere=True)
+        blocks = [block for block, saved in zip(published, everywhere) if not saved]
         # In pieces of at most half the staging: a step of whole chunks publishes
         # every block with its tail, which a smaller staging saves in part.
         piece = max(1, self.staging.size // (2 * (self._block_bytes + self._tail_bytes)))
@@ -245,7 +247,7 @@ class TierCache:
             return
         buffers = [self.staging.buffer[save.staged + o: save.staged + o + n] for o, n in zip(save.offsets, save.sizes)]
         for backend in save.put_backends:
-            missing = [i for i, present in enumerate(self._contains(save.names, backend)) if not present]
+            missing = [i for i, present in enumerate(backend.contains(save.names)) if not present]
             stored = backend.put([save.names[i] for i in missing], [buffers[i] for i in missing]) if missing else []
             self.counters["saved_objects"] += sum(stored)
             self.counters["saved_bytes"] += sum(save.sizes[i] for i, ok in zip(missing, stored) if ok)
@@ -441,17 +443,12 @@ class TierCache:
             stream.wait_stream(torch.cuda.current_stream(self.device))
         return torch.cuda.stream(stream)
 
-    @staticmethod
-    def _contains(names: List[str], backend: TierBackend) -> List[bool]:
-        return backend.contains(names)
-
-    def _present(self, names: List[str]) -> List[bool]:
-        """Whether any backend holds each name."""
-        present = [False] * len(names)
-        for backend in self.backends:
-            for i, p in enumerate(backend.contains(names)):
-                present[i] = present[i] or p
-        return present
+    def _present(self, names: List[str], everywhere: bool = False) -> List[bool]:
+        """Whether any backend (every backend, with ``everywhere``) holds each name."""
+        if not names:
+            return []
+        combine = all if everywhere else any
+        return [combine(held) for held in zip(*(backend.contains(names) for backend in self.backends))]
 
     def stats(self) -> Dict[str, int]:
         """The counters, and each backend's stats prefixed by its name."""
