@@ -4,6 +4,7 @@
 #   make build   compile ukv_torch._C (pip install --no-build-isolation -e .)
 #   make test    C++ core unit tests (ctest) + the GPU-toolchain compile check + pytest
 #   make mooncake-deps  Mooncake (the Mooncake Store tier): its wheel and Debian's libibverbs1
+#   make offline-wheels  Mooncake for a host without PyPI, in build/wheels (benchmarks/offline_mooncake.sh)
 #   make demo    python -m ukv_torch.demo
 #   make sanitize  the C++ core tests under ASan + UBSan
 #   make bench   the benchmarks in benchmarks/ (GPU ones need a GPU)
@@ -23,7 +24,7 @@ MOONCAKE_APTDEPS := libibverbs1
 BUILD_DIR ?= build/core
 PYTEST_ARGS ?=
 
-.PHONY: soak sanitize deps pydeps sysdeps mooncake-deps build cpp-test pytest test demo bench gpu-compile-check hip-toolchain bench-kernels clean
+.PHONY: soak sanitize deps pydeps sysdeps mooncake-deps offline-wheels build cpp-test pytest test demo bench gpu-compile-check hip-toolchain bench-kernels clean
 
 deps: pydeps sysdeps mooncake-deps
 
@@ -45,6 +46,25 @@ mooncake-deps: pydeps
 	@$(call apt-install,$(MOONCAKE_APTDEPS))
 	@$(PYTHON) -c "import mooncake.store, mooncake.engine" 2>/dev/null || $(PIP) install \
 	  "$$($(PYTHON) -c 'import torch; print("mooncake-transfer-engine" if torch.version.cuda else "mooncake-transfer-engine-non-cuda")')"
+
+# Mooncake for a host that cannot reach PyPI (the GPU machine): the -non-cuda wheel for
+# OFFLINE_PY's CPython (44 MiB) and, from this host, the system libraries its engine links,
+# which benchmarks/offline_mooncake.sh uses there where the host lacks them.
+OFFLINE_PY ?= 3.12
+MOONCAKE_VERSION ?= 0.3.13.post1
+OFFLINE_DIR ?= build/wheels
+GLIBC_LIBS := '^(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libresolv)\.so'
+
+offline-wheels: mooncake-deps
+	@mkdir -p $(OFFLINE_DIR)
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version $(OFFLINE_PY) --implementation cp \
+	  --platform manylinux_2_28_x86_64 -d $(OFFLINE_DIR) mooncake-transfer-engine-non-cuda==$(MOONCAKE_VERSION)
+	@rm -rf build/syslibs && mkdir -p build/syslibs/lib
+	ldd "$$($(PYTHON) -c 'import mooncake.engine as e; print(e.__file__)')" | \
+	  awk '$$2 == "=>" && $$3 ~ /^\/(usr\/)?lib/ {print $$1, $$3}' | grep -vE $(GLIBC_LIBS) | \
+	  while read name path; do cp -L "$$path" "build/syslibs/lib/$$name"; done
+	tar -cJf $(OFFLINE_DIR)/mooncake-syslibs-x86_64.tar.xz -C build/syslibs lib
+	@ls -l $(OFFLINE_DIR)
 
 build: pydeps
 	$(PIP) install --no-build-isolation --no-deps -e . -q

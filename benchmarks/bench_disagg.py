@@ -21,10 +21,16 @@ Reports, medians over the rounds: GB/s of the whole send (offer to
 acknowledgement) and of its write phase, beside raw; host cost per sequence
 on each side (describing, checking and joining rows; admitting and staging).
 
-Run: python benchmarks/bench_disagg.py [--rounds N] [--modes staged,staged64,direct]  (prints a markdown table)
+Run: python benchmarks/bench_disagg.py [--rounds N] [--modes staged,staged64,direct] [--json]
+(prints a markdown table; --json: one JSON object with the host's CPU count and the rows' figures).
+On a host without network, benchmarks/offline_mooncake.sh brings Mooncake from carried files.
 """
 import argparse
 import hashlib
+import importlib.metadata
+import json
+import os
+import platform
 import socket
 import statistics
 import subprocess
@@ -38,11 +44,11 @@ from ukv_torch import (KvManager, MODEL_PRESETS, ModelKvSpec, ServeConfig, alloc
                        gather_sequence, plan_kv_layout, transfer_bytes)
 from ukv_torch.disagg import Arrival, Channel, KvReceiver, KvSender, TransferEndpoint
 
-TOKENS = {"32K": 32 * 1024, "128K": 128 * 1024}
+TOKENS = (32 * 1024, 128 * 1024)
 #: each mode's staging_bytes on both sides (None: the largest sequence's bytes)
 MODES = {"staged": None, "staged64": 64 << 20, "direct": 0}
 LABELS = {"staged": "staged", "staged64": "staged 64 MiB", "direct": "direct"}
-MAX_TOKENS = max(TOKENS.values()) + 256
+MAX_TOKENS = max(TOKENS) + 256
 
 
 def side(layout: str):
@@ -110,7 +116,7 @@ def endpoint_and_raw_buffer(plan, kv):
 def max_bytes(plan, kv) -> int:
     """Bytes of the largest sequence's transfer."""
     mgr = KvManager(plan)
-    prefill(plan, kv, mgr, 0, list(range(max(TOKENS.values()))))
+    prefill(plan, kv, mgr, 0, list(range(max(TOKENS))))
     return transfer_bytes(plan, kv, mgr.describe_sequence(0))
 
 
@@ -118,16 +124,40 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--modes", default=",".join(MODES), help="of " + ", ".join(MODES) + ", comma-separated")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    modes = args.modes.split(",")
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown:
+        parser.error(f"--modes must name modes of {', '.join(MODES)}, got {', '.join(unknown)}")
     plan, kv, mgr = side("row_space")
     for t in kv.planes:  # random bytes, so a row in the wrong place shows in the digest
         t.view(torch.uint8).random_(0, 256, generator=torch.Generator().manual_seed(t.numel()))
-    rows = ["| rows | sequence | MiB | send GB/s | write GB/s | raw GB/s | send % of raw | write % of raw | "
-            "sender host ms | receiver host ms | send ms |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for mode in args.modes.split(","):
-        rows += run(plan, kv, mgr, mode, args.rounds)
-    print("\n".join(rows))
+    rows = [row for mode in modes for row in run(plan, kv, mgr, mode, args.rounds)]
+    if args.json:
+        print(json.dumps(dict(cpus=os.cpu_count(), processor=platform.processor() or platform.machine(),
+                              mooncake=mooncake_version(), rounds=args.rounds, rows=rows)))
+        return
+    lines = ["| rows | sequence | MiB | send GB/s | write GB/s | raw GB/s | send % of raw | write % of raw | "
+             "sender host ms | receiver host ms | send ms |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {LABELS[r['mode']]} | {r['tokens'] // 1024}K tokens | {r['mib']:.0f} | {r['send_gbps']:.2f} | "
+                     f"{r['write_gbps']:.2f} | {r['raw_gbps']:.2f} | {r['send_pct_of_raw']:.0f}% | "
+                     f"{r['write_pct_of_raw']:.0f}% | {r['sender_host_ms']:.1f} | {r['receiver_host_ms']:.1f} | "
+                     f"{r['send_ms']:.0f} |")
+    print("\n".join(lines))
+
+
+def mooncake_version() -> str:
+    for name in ("mooncake-transfer-engine-non-cuda", "mooncake-transfer-engine"):
+        try:
+            return f"{name} {importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 def run(plan, kv, mgr, mode: str, rounds: int):
@@ -141,7 +171,7 @@ def run(plan, kv, mgr, mode: str, rounds: int):
         sender = KvSender(mgr, plan, kv, endpoint, timeout_s=120, staging_bytes=staging_bytes(mode, raw))
         reports_channel = None
         rng = np.random.default_rng(0)
-        for name, tokens in TOKENS.items():
+        for tokens in TOKENS:
             sends, writes, raws, sender_host, receiver_host = [], [], [], [], []
             for r in range(rounds):
                 seq_id = len(sends) + 100 * r
@@ -164,9 +194,13 @@ def run(plan, kv, mgr, mode: str, rounds: int):
                 sender_host.append(result.host_seconds)
                 receiver_host.append(report["host"])
             m = statistics.median
-            rows.append(f"| {LABELS[mode]} | {name} tokens | {nbytes / 2**20:.0f} | {m(sends) / 1e9:.2f} | {m(writes) / 1e9:.2f} | "
-                        f"{m(raws) / 1e9:.2f} | {100 * m(sends) / m(raws):.0f}% | {100 * m(writes) / m(raws):.0f}% | "
-                        f"{1e3 * m(sender_host):.1f} | {1e3 * m(receiver_host):.1f} | {1e3 * nbytes / m(sends):.0f} |")
+            rows.append(dict(mode=mode, tokens=tokens, mib=round(nbytes / 2**20, 1),
+                             send_gbps=round(m(sends) / 1e9, 3), write_gbps=round(m(writes) / 1e9, 3),
+                             raw_gbps=round(m(raws) / 1e9, 3), send_pct_of_raw=round(100 * m(sends) / m(raws), 1),
+                             write_pct_of_raw=round(100 * m(writes) / m(raws), 1),
+                             sender_host_ms=round(1e3 * m(sender_host), 2),
+                             receiver_host_ms=round(1e3 * m(receiver_host), 2),
+                             send_ms=round(1e3 * nbytes / m(sends), 1)))
         reports_channel.send(dict(stop=True))
         sender.close()
         endpoint.close()

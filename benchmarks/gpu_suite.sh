@@ -9,7 +9,9 @@
 # where an eager call's host time goes), ncu (every index kernel's GPU time), demo (the demo on
 # CUDA with the captured decode graph), sanitize (compute-sanitizer memcheck +
 # racecheck over the GPU index and manager tests), tp (the tensor-parallel
-# consistency run under torchrun on every visible GPU).
+# consistency run under torchrun on every visible GPU), disagg (bench_disagg.py on loopback, the
+# host's cores free for the copies; Mooncake from build/wheels where it is not installed, JSON in
+# $OUT/disagg.json: see benchmarks/offline_mooncake.sh).
 set -uo pipefail
 OUT=${OUT:-build/gpu-suite}
 mkdir -p "$OUT"
@@ -53,6 +55,9 @@ for s in "$@"; do
     sanitize)
       stage memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu $SANITIZED
       stage racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m pytest -q -m gpu $RACECHECKED ;;
+    disagg)
+      stage disagg bash -c 'set -o pipefail; bash benchmarks/offline_mooncake.sh python3 benchmarks/bench_disagg.py \
+        --rounds 3 --json | tee "$1"' _ "$OUT/disagg.json" ;;
     tp)
       stage tp python3 -m torch.distributed.run --standalone --nproc_per_node="$(nvidia-smi -L | wc -l)" \
         tests/integration/tp_consistency.py --steps 2000 --json

@@ -3,12 +3,16 @@ transfer engine (loopback TCP): its bytes land in the receiver's own rows
 exactly as the in-process gather_sequence reads them, across layouts and
 prefix hits; refusals, wrong rows, other models, replays and sides that die
 are answered in bounded time with nothing written and nothing leaked."""
+import os
+import re
+import signal
+import socket
 import time
 
 import numpy as np
 import pytest
 
-from support.disagg import BOUND_S, Served, peer
+from support.disagg import BOUND_S, Served, peer, stopped
 from support.disagg_pools import MODEL, pool, prefill, prompt
 from support.mooncake_master import require_mooncake
 
@@ -388,6 +392,193 @@ def test_a_receiver_that_hangs_fails_the_send_within_the_timeout(endpoints, rece
     assert a.mgr.has_sequence(SENT) != free_on_failure
     assert counts(a) == (before_prefill if free_on_failure else before_send)
     sender.close()
+
+
+def test_a_sender_frozen_mid_transfer_times_out_and_the_receiver_serves_on(endpoints):
+    """A sender stopped with SIGSTOP, its transfer engine holding writes into
+    the receiver's staging buffer: the receiver gives up after its timeout,
+    frees the rows and takes the next sequence while that sender is still
+    frozen."""
+    from ukv_torch.disagg import Arrival, KvReceiver, KvSender
+    b = pool("elastic", seed=2)
+    gauges = counts(b)
+    receiver = KvReceiver(b.mgr, b.plan, b.kv, endpoints[1], timeout_s=HUNG_TIMEOUT_S, staging_bytes=SMALL)
+    accepted = []
+    await_pieces = receiver._await_pieces
+    receiver._await_pieces = lambda channel, move: accepted.append(time.monotonic()) or await_pieces(channel, move)
+    served = Served(receiver)
+    frozen = peer("sender-freezes", *receiver.address)
+    try:
+        event, = served.wait()
+        waited = time.monotonic() - accepted[0]
+        assert stopped(frozen)
+        assert event.seq_id == 5 and re.search("went away at piece [01] of 4", event.reason), event
+        assert HUNG_TIMEOUT_S <= waited < HUNG_TIMEOUT_S + 5
+        assert counts(b) == gauges and not b.mgr.has_sequence(5)
+        a = pool("row_space", seed=1)
+        prefill(a, SENT, prompt(700))
+        expected = a.sequence_bytes(SENT)
+        sender = KvSender(a.mgr, a.plan, a.kv, endpoints[0], timeout_s=HUNG_TIMEOUT_S)
+        served = Served(receiver)
+        result = sender.send(SENT, receiver.address, RECEIVED)
+        event, = served.wait()
+        assert stopped(frozen)
+    finally:
+        frozen.kill()
+        frozen.wait(BOUND_S)
+    assert result.status == "sent" and isinstance(event, Arrival) and event.seq_id == RECEIVED
+    assert np.array_equal(b.sequence_bytes(RECEIVED).numpy(), expected.numpy())
+    receiver.close()
+    sender.close()
+
+
+@pytest.mark.parametrize("served, free_on_failure", [(0, False), (0, True), (1, False)])
+def test_a_frozen_receiver_fails_the_send_within_the_timeout_and_the_sender_serves_on(endpoints, monkeypatch, served,
+                                                                                      free_on_failure):
+    """A receiver stopped with SIGSTOP as its accept arrives, its transfer
+    engine too. With served=0 this sender's engine never reached it: the
+    engine's handshake would wait about a minute for it, holding every write
+    of this endpoint; with served=1 it took a transfer before, and the writes
+    go out and never land. Either way the send fails after the timeout, the
+    sequence kept or freed as configured, and the next send, to a receiver
+    that answers, goes through at once."""
+    from ukv_torch.disagg import Channel, KvReceiver, KvSender
+    a = pool("row_space", seed=1)
+    frozen = peer("receiver-serves")
+    receive, accepts = Channel.receive, []
+
+    def freeze_at_the_accept(channel, timeout_s):
+        message = receive(channel, timeout_s)
+        if message.get("type") == "accept":
+            accepts.append(message)
+            if len(accepts) == served + 1:
+                os.kill(frozen.pid, signal.SIGSTOP)
+                while not stopped(frozen):
+                    time.sleep(0.001)
+        return message
+
+    monkeypatch.setattr(Channel, "receive", freeze_at_the_accept)
+    try:
+        ready = frozen.stdout.readline().split()
+        assert ready[0] == "READY", ready
+        address = (ready[1], int(ready[2]))
+        sender = KvSender(a.mgr, a.plan, a.kv, endpoints[0], timeout_s=HUNG_TIMEOUT_S,
+                          free_on_failure=free_on_failure)
+        for i in range(served):
+            prefill(a, 20 + i, prompt(700, seed=20 + i))
+            assert sender.send(20 + i, address).status == "sent"
+        before_prefill = counts(a)
+        prefill(a, SENT, prompt(700))
+        before_send = counts(a)
+        started = time.monotonic()
+        result = sender.send(SENT, address, RECEIVED)
+        waited = time.monotonic() - started
+        assert stopped(frozen)
+        b = pool("elastic", seed=2)
+        receiver = KvReceiver(b.mgr, b.plan, b.kv, endpoints[1], timeout_s=HUNG_TIMEOUT_S)
+        prefill(a, 2, prompt(500, seed=2))
+        expected = a.sequence_bytes(2)
+        healthy = Served(receiver)
+        started = time.monotonic()
+        next_result = sender.send(2, receiver.address)
+        next_took = time.monotonic() - started
+        healthy.wait()
+        assert stopped(frozen)
+    finally:
+        frozen.kill()
+        frozen.wait(BOUND_S)
+    assert result.status == "failed" and "TimeoutError" in result.reason and "0 of" in result.reason, result
+    assert HUNG_TIMEOUT_S <= waited < HUNG_TIMEOUT_S + 5
+    assert a.mgr.has_sequence(SENT) != free_on_failure
+    assert counts(a) == (before_prefill if free_on_failure else before_send)
+    assert next_result.status == "sent" and next_took < HUNG_TIMEOUT_S
+    assert np.array_equal(b.sequence_bytes(2).numpy(), expected.numpy())
+    receiver.close()
+    sender.close()
+
+
+class FreezingAfterTheProbe:
+    """A transfer engine whose probe of ``peer`` answers, and then the
+    process ``frozen`` is stopped with SIGSTOP, before the handshake."""
+
+    def __init__(self, engine, frozen):
+        self._engine, self._frozen = engine, frozen
+
+    def send_probe(self, peer):
+        rc = self._engine.send_probe(peer)
+        os.kill(self._frozen.pid, signal.SIGSTOP)
+        while not stopped(self._frozen):
+            time.sleep(0.001)
+        return rc
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def test_a_receiver_frozen_between_the_probe_and_the_handshake_holds_the_sends_only_for_their_timeouts(endpoints):
+    """The engine's handshake with a receiver that froze just after it
+    answered the probe waits about a minute, holding every write of that
+    engine: this send and the next one, to a receiver that answers, each
+    fail after the timeout; once the frozen one is gone, sends go through."""
+    from ukv_torch.disagg import KvReceiver, KvSender
+    a = pool("row_space", seed=1)
+    frozen = peer("receiver-serves")
+    b = pool("elastic", seed=2)
+    receiver = KvReceiver(b.mgr, b.plan, b.kv, endpoints[1], timeout_s=BOUND_S)  # waits for the sender's word
+    try:
+        ready = frozen.stdout.readline().split()
+        assert ready[0] == "READY", ready
+        engine = endpoints[0]._engine
+        endpoints[0]._engine = FreezingAfterTheProbe(engine, frozen)
+        sender = KvSender(a.mgr, a.plan, a.kv, endpoints[0], timeout_s=HUNG_TIMEOUT_S)
+        prefill(a, SENT, prompt(700))
+        started = time.monotonic()
+        result = sender.send(SENT, (ready[1], int(ready[2])), RECEIVED)
+        waited = time.monotonic() - started
+        endpoints[0]._engine = engine
+        assert stopped(frozen)
+        healthy = Served(receiver)
+        started = time.monotonic()
+        held = sender.send(SENT, receiver.address, RECEIVED)
+        held_for = time.monotonic() - started
+        aborted, = healthy.wait()
+        assert stopped(frozen)
+    finally:
+        frozen.kill()
+        frozen.wait(BOUND_S)
+    for failed, took in ((result, waited), (held, held_for)):
+        assert failed.status == "failed" and "TimeoutError" in failed.reason, failed
+        assert HUNG_TIMEOUT_S <= took < HUNG_TIMEOUT_S + 5
+    assert aborted.seq_id == RECEIVED and "abort" in aborted.reason and a.mgr.has_sequence(SENT)
+    served = Served(receiver)
+    deadline = time.monotonic() + BOUND_S  # the killed peer's handshake ends, and the lock with it
+    while (result := sender.send(SENT, receiver.address, RECEIVED)).status != "sent" and time.monotonic() < deadline:
+        pass
+    assert result.status == "sent" and served.wait()[-1].seq_id == RECEIVED
+    receiver.close()
+    sender.close()
+
+
+def test_a_send_to_a_peer_that_takes_no_bytes_fails_within_the_timeout():
+    """A message larger than the sockets' buffers, to a peer that never reads:
+    the channel's send ends after its timeout."""
+    from ukv_torch.disagg import Channel, ChannelClosed
+    listener = socket.create_server(("127.0.0.1", 0))
+    channel = Channel.connect(listener.getsockname()[:2], 0.5)
+    unread = listener.accept()[0]
+    started = time.monotonic()
+    with pytest.raises(ChannelClosed, match="did not take a .*-byte message within 0.5 s"):
+        channel.send(dict(runs=bytes(64 << 20)))
+    assert 0.5 <= time.monotonic() - started < 5
+    for s in (channel, unread, listener):
+        s.close()
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0])
+def test_a_channel_timeout_must_be_positive(timeout_s):
+    from ukv_torch.disagg import Channel
+    with socket.socket() as sock, pytest.raises(ValueError, match="Channel: timeout_s must be > 0 or None"):
+        Channel(sock, timeout_s)
 
 
 def test_a_malformed_message_is_answered_and_changes_nothing(endpoints):

@@ -41,6 +41,12 @@ class Served:
         return self.wait()
 
 
+def stopped(process: subprocess.Popen) -> bool:
+    """Whether the process is stopped (SIGSTOP), as /proc reads its state."""
+    with open(f"/proc/{process.pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
 def peer(*args) -> subprocess.Popen:
     require_mooncake()
     root = Path(__file__).resolve().parents[2]

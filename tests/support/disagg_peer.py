@@ -12,8 +12,16 @@ starts it).
 - ``sender-hangs HOST PORT``: a sender that offers a prefilled sequence to
   that receiver, says its first piece was written, and from then on neither
   writes nor says anything until it is killed.
+- ``sender-freezes HOST PORT``: a sender that offers a prefilled sequence to
+  that receiver and stops itself with SIGSTOP once its transfer engine holds
+  the writes of the second piece: the whole process at once, the engine's
+  threads too (its sockets still take connections and bytes up to their
+  buffers, but nothing reads or answers), until it is killed.
+- ``receiver-serves``: a receiver that prints ``READY host port`` and takes
+  transfers in full (a test stops it with SIGSTOP when it wants).
 """
 import os
+import signal
 import sys
 import time
 
@@ -27,10 +35,12 @@ HUNG_S = 600
 
 
 def receiver(on_offer, staging_bytes: int = 0) -> None:
+    """on_offer(await_pieces, channel, move) runs once the receiver answered an offer."""
     side = pool("elastic")
     receiver = KvReceiver(side.mgr, side.plan, side.kv, TransferEndpoint(), timeout_s=30,
                           staging_bytes=staging_bytes)
-    receiver._await_pieces = on_offer
+    await_pieces = receiver._await_pieces
+    receiver._await_pieces = lambda *args: on_offer(await_pieces, *args)
     print("READY", *receiver.address, flush=True)
     for _ in range(600):  # at most a minute without an offer
         receiver.poll(0.1)
@@ -56,6 +66,24 @@ def sender_dies(host: str, port: int) -> None:
     sender(host, port, endpoint)
 
 
+def sender_freezes(host: str, port: int) -> None:
+    endpoint = TransferEndpoint()
+    submit = endpoint.submit
+    pieces = []
+
+    def freeze_at_the_second_piece(peer, writes):
+        pieces.append(submit(peer, writes))
+        if len(pieces) == 2:
+            while not pieces[1].submitted:  # until the engine holds some of its writes
+                pieces[1].done()
+                time.sleep(0.001)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return pieces[-1]
+
+    endpoint.submit = freeze_at_the_second_piece
+    sender(host, port, endpoint)
+
+
 def sender_hangs(host: str, port: int) -> None:
     send = Channel.send
 
@@ -74,7 +102,11 @@ if __name__ == "__main__":
         receiver(lambda *args: os._exit(DIED))
     elif role == "receiver-hangs":
         receiver(lambda *args: time.sleep(HUNG_S), int(sys.argv[2]))
+    elif role == "receiver-serves":
+        receiver(lambda await_pieces, *args: await_pieces(*args))
     elif role == "sender-dies":
         sender_dies(sys.argv[2], int(sys.argv[3]))
+    elif role == "sender-freezes":
+        sender_freezes(sys.argv[2], int(sys.argv[3]))
     else:
         sender_hangs(sys.argv[2], int(sys.argv[3]))

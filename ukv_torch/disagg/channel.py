@@ -3,8 +3,10 @@ each a msgpack map behind its 4-byte length.
 
 Only descriptions travel here (the export's tokens and counts, the
 receiver's runs, "done"); the KV bytes go through the transfer engine. Every
-read has a deadline, so a peer that died or hangs is an answer in bounded
-time, never a wait forever.
+read has a deadline, and so has every write on a channel given a
+``timeout_s`` (a frozen peer stops reading, and a message larger than the
+socket's buffers, a long sequence's runs, would wait for it forever), so a
+peer that died or hangs is an answer in bounded time, never a wait forever.
 """
 from __future__ import annotations
 
@@ -26,24 +28,33 @@ class ChannelClosed(ConnectionError):
 
 
 class Channel:
-    """One connection (see the module docstring)."""
+    """One connection (see the module docstring); each `send` waits at most
+    ``timeout_s`` for the peer to take the message (None: as long as it takes)."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, timeout_s: Optional[float] = None):
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"Channel: timeout_s must be > 0 or None, got {timeout_s!r}")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = sock
+        self.sock, self.timeout_s = sock, timeout_s
 
     @classmethod
     def connect(cls, address: Tuple[str, int], timeout_s: float) -> "Channel":
+        """A channel to ``address``, reached within ``timeout_s``, which then bounds each send."""
         try:
-            return cls(socket.create_connection(tuple(address), timeout=timeout_s))
+            return cls(socket.create_connection(tuple(address), timeout=timeout_s), timeout_s)
         except OSError as e:
             raise ChannelClosed(f"cannot reach {address[0]}:{address[1]}: {e}") from None
 
     def send(self, message: dict) -> None:
+        """ChannelClosed if the peer is gone, or took not all of the message
+        within timeout_s (the stream is then cut mid-message: close the channel)."""
         body = msgpack.packb(message, use_bin_type=True)
         try:
-            self.sock.settimeout(None)
+            self.sock.settimeout(self.timeout_s)
             self.sock.sendall(_LENGTH.pack(len(body)) + body)
+        except socket.timeout:
+            raise ChannelClosed(f"the peer did not take a {len(body)}-byte message within "
+                                f"{self.timeout_s:.1f} s") from None
         except OSError as e:
             raise ChannelClosed(f"send failed: {e}") from None
 

@@ -2,17 +2,29 @@
 writes it makes into a peer's registered memory.
 
 Peers find each other by name ("hostname:port", the engine's own RPC port)
-with Mooncake's P2P handshake, so no metadata server is needed. Over TCP the
-engine moves requests on parallel lanes, so long writes are cut into slices,
-and no more are handed over at once than its lanes queue. Writes are
-submitted and then watched (`Writes.done`), so the caller works while they
-move: the sender gathers the next piece, the receiver scatters the last.
+with Mooncake's P2P handshake, so no metadata server is needed. The engine
+makes that handshake inside the first write to a peer, and waits for the
+answer for about a minute (a fixed read timeout, whatever
+MC_HANDSHAKE_CONNECT_TIMEOUT says: a stopped process's socket still takes
+the connection), holding a lock that every other write takes, and holding
+the caller. So the first write to a peer goes out on a thread of its own,
+after a probe of the peer (which takes no lock); the other writes wait in
+the queue until the peer answered, and none is handed over while such a
+first write holds the lock: a frozen peer leaves the writes queued, and the
+caller's own timeout ends the wait.
+
+Over TCP the engine moves requests on parallel lanes, so long writes are cut
+into slices, and no more are handed over at once than its lanes queue.
+Writes are submitted and then watched (`Writes.done`), so the caller works
+while they move: the sender gathers the next piece, the receiver scatters
+the last.
 """
 from __future__ import annotations
 
 import collections
+import threading
 import time
-from typing import Deque, List, Tuple
+from typing import Deque, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -33,6 +45,30 @@ POLL_S = 0.0005
 
 class WriteFailed(ConnectionError):
     """A write did not land: the peer died, or named memory it did not register."""
+
+
+class _Handshake:
+    """The first write to a peer, on a thread of its own (the transfer engine
+    releases the GIL while it waits): the peer is probed, then the write,
+    the engine's handshake inside it, is handed over. ``batch`` is None until
+    it returned, then the write's batch (0 or less: the peer did not answer);
+    ``locking`` while the engine holds the lock of its writes for it."""
+
+    def __init__(self, engine, owner: "Writes"):
+        self.owner: Optional[Writes] = owner  # None once its writes are given up
+        self.batch: Optional[int] = None
+        self.locking = False
+        threading.Thread(target=self._run, args=(engine, owner.peer, owner._next()), daemon=True,
+                         name=f"handshake {owner.peer}").start()
+
+    def _run(self, engine, peer: str, request) -> None:
+        if engine.send_probe(peer) != 0:
+            self.batch = 0
+            return
+        self.locking = True
+        src, dst, size = request
+        self.batch = engine.batch_transfer_async_write(peer, [src], [dst], [size])
+        self.locking = False
 
 
 class Writes:
@@ -95,6 +131,8 @@ class TransferEndpoint:
         self._registered: List[Tuple[int, int]] = []
         self._in_flight: Deque[Tuple[int, Writes]] = collections.deque()  # (batch, owner), oldest first
         self._queued: Deque[Writes] = collections.deque()  # with requests not handed over yet
+        self._reached: Set[str] = set()  # peers whose engine answered a handshake: written to directly
+        self._handshakes: Dict[str, _Handshake] = {}  # the first writes to peers not reached yet
 
     @property
     def memory(self) -> List[Tuple[int, int]]:
@@ -140,9 +178,10 @@ class TransferEndpoint:
 
     def progress(self) -> None:
         """Note the requests that landed, oldest first, and hand the engine
-        queued ones while it has room. One request per engine batch: a
-        batch's status is only known without blocking for its first request,
-        and the engine's own wait spins a core."""
+        queued ones while it has room: to a peer not reached yet only the
+        first one, on its own thread (see the module docstring). One request
+        per engine batch: a batch's status is only known without blocking
+        for its first request, and the engine's own wait spins a core."""
         while self._in_flight:
             batch, owner = self._in_flight[0]
             status = self._engine.transfer_check_status(batch)  # 1 landed, 0 moving, < 0 failed or timed out
@@ -153,23 +192,59 @@ class TransferEndpoint:
                 owner.landed += 1
             else:
                 self._fail(owner, f"a write to {owner.peer} failed (engine status {status})")
-        while self._queued and len(self._in_flight) < IN_FLIGHT:
-            owner = self._queued[0]
+        for peer, handshake in list(self._handshakes.items()):
+            if handshake.batch is not None:
+                del self._handshakes[peer]
+                self._answered(peer, handshake)
+        for owner in list(self._queued):
+            if any(handshake.locking for handshake in self._handshakes.values()):
+                break  # a write now would wait for that one's lock
             if not owner._unsubmitted:
-                self._queued.popleft()
+                self._queued.remove(owner)
                 continue
+            if owner.peer not in self._reached:
+                if owner.peer not in self._handshakes:
+                    self._handshakes[owner.peer] = _Handshake(self._engine, owner)
+                if owner._unsubmitted:
+                    continue
+            if self._hand_over(owner):
+                self._queued.remove(owner)
+            if len(self._in_flight) >= IN_FLIGHT:
+                break
+
+    def _answered(self, peer: str, handshake: _Handshake) -> None:
+        """A first write returned: the peer is reached, or its writes fail."""
+        if not 0 < handshake.batch < 1 << 63:  # 0 (or -1): the peer cannot be reached; a later write tries again
+            if handshake.owner is not None:
+                self._fail(handshake.owner, f"the transfer engine cannot reach {peer}")
+            return
+        self._reached.add(peer)
+        if handshake.owner is not None:
+            self._in_flight.append((handshake.batch, handshake.owner))
+
+    def _hand_over(self, owner: Writes) -> bool:
+        """Hand the engine ``owner``'s next requests while it has room;
+        whether they are all handed over now."""
+        while owner._unsubmitted:
+            if len(self._in_flight) >= IN_FLIGHT:
+                return False
             src, dst, size = owner._next()
             batch = self._engine.batch_transfer_async_write(owner.peer, [src], [dst], [size])
             if not 0 < batch < 1 << 63:  # 0 (or -1): the peer cannot be reached
+                self._reached.discard(owner.peer)
                 self._fail(owner, f"the transfer engine cannot write to {owner.peer}")
-                continue
+                return False
             self._in_flight.append((batch, owner))
+        return True
 
     def _fail(self, owner: Writes, failure: str) -> None:
         owner.failure = owner.failure or failure
         self._forget(owner)
 
     def _forget(self, owner: Writes) -> None:
+        for handshake in self._handshakes.values():
+            if handshake.owner is owner:
+                handshake.owner = None
         self._in_flight = collections.deque(entry for entry in self._in_flight if entry[1] is not owner)
         if owner in self._queued:
             self._queued.remove(owner)

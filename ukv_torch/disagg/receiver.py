@@ -65,7 +65,8 @@ class Abort(NamedTuple):
 
 class KvReceiver:
     """Receives sequences into ``mgr`` and its KV tensors ``kv`` of ``plan``
-    (see the module docstring). ``timeout_s`` bounds each wait on a sender."""
+    (see the module docstring). ``timeout_s`` bounds each wait on a sender,
+    for a message or to take one."""
 
     def __init__(self, mgr: KvManager, plan: KvPlan, kv: UnifiedKv, endpoint: TransferEndpoint, *,
                  host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0, staging_bytes: int = 0):
@@ -89,7 +90,7 @@ class KvReceiver:
         events = []
         for sock in readable:
             if sock is self._listener:
-                self._senders.append(Channel(self._listener.accept()[0]))
+                self._senders.append(Channel(self._listener.accept()[0], self.timeout_s))
                 continue
             channel = next(c for c in self._senders if c.sock is sock)
             try:
