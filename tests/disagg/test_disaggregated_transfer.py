@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from support.disagg import BOUND_S, Served, peer, stopped
 from support.disagg_pools import MODEL, pool, prefill, prompt
@@ -557,6 +558,53 @@ def test_a_receiver_frozen_between_the_probe_and_the_handshake_holds_the_sends_o
     assert result.status == "sent" and served.wait()[-1].seq_id == RECEIVED
     receiver.close()
     sender.close()
+
+
+class EngineCalls:
+    """A transfer engine that notes the peer named by each of its calls that
+    name one (writes, and the probe that none of ours makes)."""
+
+    def __init__(self, engine):
+        self._engine, self.peers = engine, []
+
+    def batch_transfer_async_write(self, peer, *args):
+        self.peers.append(peer)
+        return self._engine.batch_transfer_async_write(peer, *args)
+
+    def send_probe(self, peer):
+        self.peers.append(peer)
+        return self._engine.send_probe(peer)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def spied(endpoint) -> EngineCalls:
+    endpoint._engine = EngineCalls(endpoint._engine)
+    return endpoint._engine
+
+
+def test_closing_an_endpoint_frees_its_engine_at_once(endpoints):
+    """Freeing an engine stalls every thread of the process for about a
+    second, so close frees it then, not a later garbage collection; the
+    endpoint takes nothing more."""
+    import gc
+    import weakref
+    writer, target = endpoints
+    src = torch.zeros(4096, dtype=torch.uint8)
+    writer.register([(src.data_ptr(), src.numel())])
+    engine = weakref.ref(spied(writer))
+    gc.disable()
+    try:
+        writer.close()
+        assert engine() is None  # freed by close itself, not left to the collector
+    finally:
+        gc.enable()
+    assert writer.memory == []
+    for call in (lambda: writer.submit(target.name, np.zeros((1, 3), dtype=np.int64)), lambda: writer.register([])):
+        with pytest.raises(RuntimeError, match="the endpoint is closed"):
+            call()
+    writer.close()  # a second close does nothing
 
 
 def test_a_send_to_a_peer_that_takes_no_bytes_fails_within_the_timeout():

@@ -141,6 +141,7 @@ class TransferEndpoint:
 
     def register(self, memory: List[Tuple[int, int]]) -> None:
         """Register spans for peers to write into (or this side to write from); once each."""
+        self._open("register")
         new = [span for span in memory if span not in self._registered]
         if not new:
             return
@@ -162,6 +163,7 @@ class TransferEndpoint:
         its own threads while this one does other work; `Writes.done` and
         `Writes.wait` tell when they landed. The memory on both ends must hold
         still until then."""
+        self._open("submit")
         pending = Writes(self, peer, _sliced(writes))
         self._queued.append(pending)
         self.progress()
@@ -182,6 +184,8 @@ class TransferEndpoint:
         first one, on its own thread (see the module docstring). One request
         per engine batch: a batch's status is only known without blocking
         for its first request, and the engine's own wait spins a core."""
+        if self._engine is None:  # closed: every write failed
+            return
         while self._in_flight:
             batch, owner = self._in_flight[0]
             status = self._engine.transfer_check_status(batch)  # 1 landed, 0 moving, < 0 failed or timed out
@@ -250,7 +254,24 @@ class TransferEndpoint:
             self._queued.remove(owner)
 
     def close(self) -> None:
+        """Unregister every span and free the transfer engine now; writes not
+        landed fail, and the endpoint takes no more. Freeing the engine stalls
+        every Python thread of the process for about a second (its destructor
+        holds the GIL while its threads stop): here, where the caller chose,
+        rather than wherever the garbage collector would free it (a send
+        elsewhere in the process would lose that second). A first write still
+        inside the engine keeps it until it returns."""
+        if self._engine is None:
+            return
         self.unregister(list(self._registered))
+        for owner in list(self._queued) + [owner for _, owner in self._in_flight]:
+            self._fail(owner, "the endpoint was closed")
+        self._handshakes.clear()
+        self._engine = None
+
+    def _open(self, method: str) -> None:
+        if self._engine is None:
+            raise RuntimeError(f"TransferEndpoint.{method}: the endpoint is closed")
 
 
 def _sliced(writes: np.ndarray) -> np.ndarray:
