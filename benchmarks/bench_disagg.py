@@ -168,6 +168,7 @@ def run(plan, kv, mgr, mode: str, rounds: int):
     try:
         _, host, port, engine_name, raw_address = peer.stdout.readline().split()
         endpoint, raw = endpoint_and_raw_buffer(plan, kv)
+        alive = Channel.connect((host, int(port)), 30)
         sender = KvSender(mgr, plan, kv, endpoint, timeout_s=120, staging_bytes=staging_bytes(mode, raw))
         reports_channel = None
         rng = np.random.default_rng(0)
@@ -179,6 +180,8 @@ def run(plan, kv, mgr, mode: str, rounds: int):
                 prefill(plan, kv, mgr, seq_id, prompt)
                 expected = digest(plan, kv, mgr, seq_id)
                 nbytes = transfer_bytes(plan, kv, mgr.describe_sequence(seq_id))
+                alive.ping(30)  # a raw write's handshake, like a send's, follows the receiver's answer to a ping
+                endpoint.mark_alive(engine_name)
                 started = time.perf_counter()
                 assert endpoint.write(engine_name, np.array([[raw.data_ptr(), int(raw_address), nbytes]]))
                 raws.append(nbytes / (time.perf_counter() - started))
@@ -202,6 +205,7 @@ def run(plan, kv, mgr, mode: str, rounds: int):
                              receiver_host_ms=round(1e3 * m(receiver_host), 2),
                              send_ms=round(1e3 * nbytes / m(sends), 1)))
         reports_channel.send(dict(stop=True))
+        alive.close()
         sender.close()
         endpoint.close()
     finally:

@@ -5,8 +5,9 @@ starts it).
 - ``receiver-dies``: a receiver that prints ``READY host port`` and exits
   the moment it has answered an offer, before any byte lands.
 - ``receiver-hangs STAGING_BYTES``: a receiver that prints ``READY host
-  port``, answers an offer, and from then on never reads or answers again
-  (its transfer engine still takes bytes) until it is killed.
+  port``, answers an offer and the sender's ping, and from then on never
+  reads or answers again (its transfer engine still takes bytes) until it is
+  killed.
 - ``sender-dies HOST PORT``: a sender that offers a prefilled sequence to
   that receiver, writes half of its first piece, and exits.
 - ``sender-hangs HOST PORT``: a sender that offers a prefilled sequence to
@@ -45,6 +46,13 @@ def receiver(on_offer, staging_bytes: int = 0) -> None:
     for _ in range(600):  # at most a minute without an offer
         receiver.poll(0.1)
     sys.exit(1)
+
+
+def pong_then_hang(channel: Channel) -> None:
+    ping = channel.receive(30)
+    assert ping["type"] == "ping", ping
+    channel.pong(ping)
+    time.sleep(HUNG_S)
 
 
 def sender(host: str, port: int, endpoint: TransferEndpoint) -> None:
@@ -101,7 +109,7 @@ if __name__ == "__main__":
     if role == "receiver-dies":
         receiver(lambda *args: os._exit(DIED))
     elif role == "receiver-hangs":
-        receiver(lambda *args: time.sleep(HUNG_S), int(sys.argv[2]))
+        receiver(lambda await_pieces, channel, move: pong_then_hang(channel), int(sys.argv[2]))
     elif role == "receiver-serves":
         receiver(lambda await_pieces, *args: await_pieces(*args))
     elif role == "sender-dies":

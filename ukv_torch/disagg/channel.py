@@ -7,6 +7,13 @@ read has a deadline, and so has every write on a channel given a
 ``timeout_s`` (a frozen peer stops reading, and a message larger than the
 socket's buffers, a long sequence's runs, would wait for it forever), so a
 peer that died or hangs is an answer in bounded time, never a wait forever.
+
+`ping` is the one check that a peer's process runs: it needs the peer's
+own answer. A TCP connect, or a send that fits the socket's buffers, succeeds
+against a process stopped with SIGSTOP (the kernel takes them), so neither
+says anything. The sender pings the receiver just before handing its first
+write to the transfer engine (see endpoint.py for why the engine must never
+be the one to find a frozen peer).
 """
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ import select
 import socket
 import struct
 import time
+import uuid
 from typing import Optional, Tuple
 
 import msgpack
@@ -21,6 +29,12 @@ import msgpack
 #: the largest message accepted: a 128K-token sequence's runs are far below it
 MAX_MESSAGE_BYTES = 256 << 20
 _LENGTH = struct.Struct("!I")
+
+
+def check_timeout(where: str, timeout_s) -> None:
+    """ValueError naming ``where`` unless ``timeout_s`` is a number of seconds > 0."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise ValueError(f"{where}: timeout_s must be a number > 0, got {timeout_s!r}")
 
 
 class ChannelClosed(ConnectionError):
@@ -57,6 +71,25 @@ class Channel:
                                 f"{self.timeout_s:.1f} s") from None
         except OSError as e:
             raise ChannelClosed(f"send failed: {e}") from None
+
+    def ping(self, timeout_s: float) -> None:
+        """Ask the peer for a "pong" and wait at most ``timeout_s`` for it:
+        returns once the peer's process answered. TimeoutError without an
+        answer (a frozen or busy peer), ChannelClosed if the peer is gone or
+        answers anything else; after either, close the channel."""
+        check_timeout("Channel.ping", timeout_s)
+        nonce = uuid.uuid4().hex
+        self.send(dict(type="ping", nonce=nonce))
+        try:
+            answer = self.receive(timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"the peer did not answer a ping within {timeout_s:.1f} s") from None
+        if answer != dict(type="pong", nonce=nonce):
+            raise ChannelClosed(f"the peer answered a ping with {answer.get('type')!r}, expected this ping's 'pong'")
+
+    def pong(self, ping: dict) -> None:
+        """Answer a peer's ``ping`` message."""
+        self.send(dict(type="pong", nonce=ping.get("nonce")))
 
     def receive(self, timeout_s: Optional[float]) -> dict:
         """The next message; TimeoutError if none completes within timeout_s

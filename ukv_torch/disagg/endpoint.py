@@ -6,12 +6,23 @@ with Mooncake's P2P handshake, so no metadata server is needed. The engine
 makes that handshake inside the first write to a peer, and waits for the
 answer for about a minute (a fixed read timeout, whatever
 MC_HANDSHAKE_CONNECT_TIMEOUT says: a stopped process's socket still takes
-the connection), holding a lock that every other write takes, and holding
-the caller. So the first write to a peer goes out on a thread of its own,
-after a probe of the peer (which takes no lock); the other writes wait in
-the queue until the peer answered, and none is handed over while such a
-first write holds the lock: a frozen peer leaves the writes queued, and the
-caller's own timeout ends the wait.
+the connection), holding a lock that every other write of the engine takes
+(a write to a healthy peer meanwhile waits the same minute), and holding
+the caller. Its own probe (`send_probe`) takes no such lock but waits as
+long, and a thread of ours parked that long in the engine keeps the engine
+alive past `close` (see there why that costs). So no call of the engine
+ever decides whether a peer is alive:
+- the caller proves it, with a ping answered over its own control channel
+  (a frozen process cannot answer, so the ping fails within its deadline;
+  a TCP connect alone would succeed, the kernel takes it), and says so with
+  `mark_alive`; the first write to a peer not reached yet is handed to the
+  engine only within PING_FRESH_S of that, once per answer, and fails
+  (WriteFailed) without one;
+- that first write goes out on a thread of its own, and no other write is
+  handed over while it runs (it would wait for the lock): a peer that
+  freezes between its answer and the handshake leaves the writes queued,
+  the caller's own timeout ends its wait, and the handshake's minute ends
+  by itself (or at once when the peer is killed or resumed).
 
 Over TCP the engine moves requests on parallel lanes, so long writes are cut
 into slices, and no more are handed over at once than its lanes queue.
@@ -28,6 +39,8 @@ from typing import Deque, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
+from .channel import check_timeout
+
 #: bytes per write request: long runs cut this fine keep the engine's TCP
 #: lanes busy in parallel (one 256 MiB write moves at half the rate of the
 #: same bytes in 256 KiB requests on loopback). Larger requests move a
@@ -41,6 +54,11 @@ SLICE_BYTES = 256 << 10
 IN_FLIGHT = 1024
 #: how long a wait for writes sleeps between two looks at them
 POLL_S = 0.0005
+#: how old a peer's answer to a ping may be when the first write to it starts
+#: the engine's handshake: the caller pings just before its first write, so
+#: this only bounds how long an answer stays good for (its writes may wait
+#: behind another peer's handshake), never a wait
+PING_FRESH_S = 1.0
 
 
 class WriteFailed(ConnectionError):
@@ -48,27 +66,20 @@ class WriteFailed(ConnectionError):
 
 
 class _Handshake:
-    """The first write to a peer, on a thread of its own (the transfer engine
-    releases the GIL while it waits): the peer is probed, then the write,
-    the engine's handshake inside it, is handed over. ``batch`` is None until
-    it returned, then the write's batch (0 or less: the peer did not answer);
-    ``locking`` while the engine holds the lock of its writes for it."""
+    """The first write to a peer, the engine's handshake inside it, on a
+    thread of its own (the transfer engine releases the GIL while it
+    waits). ``batch`` is None while it runs, then the write's batch (0 or
+    less: the peer did not answer)."""
 
     def __init__(self, engine, owner: "Writes"):
         self.owner: Optional[Writes] = owner  # None once its writes are given up
         self.batch: Optional[int] = None
-        self.locking = False
         threading.Thread(target=self._run, args=(engine, owner.peer, owner._next()), daemon=True,
                          name=f"handshake {owner.peer}").start()
 
     def _run(self, engine, peer: str, request) -> None:
-        if engine.send_probe(peer) != 0:
-            self.batch = 0
-            return
-        self.locking = True
         src, dst, size = request
         self.batch = engine.batch_transfer_async_write(peer, [src], [dst], [size])
-        self.locking = False
 
 
 class Writes:
@@ -90,6 +101,7 @@ class Writes:
 
     def wait(self, timeout_s: float) -> None:
         """Until every write landed; WriteFailed, or TimeoutError after ``timeout_s``."""
+        check_timeout("Writes.wait", timeout_s)
         deadline = time.monotonic() + timeout_s
         while not self.done():
             if time.monotonic() > deadline:
@@ -133,6 +145,7 @@ class TransferEndpoint:
         self._queued: Deque[Writes] = collections.deque()  # with requests not handed over yet
         self._reached: Set[str] = set()  # peers whose engine answered a handshake: written to directly
         self._handshakes: Dict[str, _Handshake] = {}  # the first writes to peers not reached yet
+        self._answered: Dict[str, float] = {}  # peers that answered a ping: when (see mark_alive)
 
     @property
     def memory(self) -> List[Tuple[int, int]]:
@@ -157,13 +170,27 @@ class TransferEndpoint:
                 self._engine.unregister_memory(span[0])
                 self._registered.remove(span)
 
+    def mark_alive(self, peer: str) -> None:
+        """Say that ``peer``'s process answered a ping just now (over the
+        caller's own channel to it): the first write to it, if it was not
+        reached yet, may then start the engine's handshake, within
+        PING_FRESH_S (see the module docstring)."""
+        _check_peer("mark_alive", peer)
+        self._answered[peer] = time.monotonic()
+
     def submit(self, peer: str, writes: np.ndarray) -> Writes:
         """Start writing (local address, peer address, bytes) rows into
         ``peer``'s registered memory; returns at once. The engine moves them on
         its own threads while this one does other work; `Writes.done` and
         `Writes.wait` tell when they landed. The memory on both ends must hold
-        still until then."""
+        still until then. To a peer not reached yet they fail unless it
+        answered a ping just before (`mark_alive`)."""
         self._open("submit")
+        _check_peer("submit", peer)
+        if not isinstance(writes, np.ndarray) or writes.ndim != 2 or writes.shape[1] != 3 or \
+                writes.dtype.kind not in "iu":
+            raise ValueError(f"TransferEndpoint.submit: writes must be an integer array of (local address, peer "
+                             f"address, bytes) rows, shape (n, 3), got {_described(writes)}")
         pending = Writes(self, peer, _sliced(writes))
         self._queued.append(pending)
         self.progress()
@@ -172,6 +199,7 @@ class TransferEndpoint:
     def write(self, peer: str, writes: np.ndarray, timeout_s: float = 60.0) -> bool:
         """`submit` and wait until the writes landed. False if any failed or
         they did not land within ``timeout_s``."""
+        check_timeout("TransferEndpoint.write", timeout_s)
         try:
             self.submit(peer, writes).wait(timeout_s)
         except (WriteFailed, TimeoutError):
@@ -181,7 +209,8 @@ class TransferEndpoint:
     def progress(self) -> None:
         """Note the requests that landed, oldest first, and hand the engine
         queued ones while it has room: to a peer not reached yet only the
-        first one, on its own thread (see the module docstring). One request
+        first one, on its own thread, and only if the peer answered a ping
+        just before (see the module docstring). One request
         per engine batch: a batch's status is only known without blocking
         for its first request, and the engine's own wait spins a core."""
         if self._engine is None:  # closed: every write failed
@@ -199,16 +228,19 @@ class TransferEndpoint:
         for peer, handshake in list(self._handshakes.items()):
             if handshake.batch is not None:
                 del self._handshakes[peer]
-                self._answered(peer, handshake)
+                self._handshake_returned(peer, handshake)
         for owner in list(self._queued):
-            if any(handshake.locking for handshake in self._handshakes.values()):
+            if self._handshakes:
                 break  # a write now would wait for that one's lock
             if not owner._unsubmitted:
                 self._queued.remove(owner)
                 continue
             if owner.peer not in self._reached:
-                if owner.peer not in self._handshakes:
-                    self._handshakes[owner.peer] = _Handshake(self._engine, owner)
+                if not self._fresh_answer(owner.peer):
+                    self._fail(owner, f"{owner.peer} was not reached yet and did not answer a ping in the last "
+                                      f"{PING_FRESH_S:.1f} s: no handshake is started with it")
+                    continue
+                self._handshakes[owner.peer] = _Handshake(self._engine, owner)
                 if owner._unsubmitted:
                     continue
             if self._hand_over(owner):
@@ -216,7 +248,12 @@ class TransferEndpoint:
             if len(self._in_flight) >= IN_FLIGHT:
                 break
 
-    def _answered(self, peer: str, handshake: _Handshake) -> None:
+    def _fresh_answer(self, peer: str) -> bool:
+        """Whether ``peer`` answered a ping within PING_FRESH_S; the answer is used up."""
+        answered = self._answered.pop(peer, None)
+        return answered is not None and time.monotonic() - answered <= PING_FRESH_S
+
+    def _handshake_returned(self, peer: str, handshake: _Handshake) -> None:
         """A first write returned: the peer is reached, or its writes fail."""
         if not 0 < handshake.batch < 1 << 63:  # 0 (or -1): the peer cannot be reached; a later write tries again
             if handshake.owner is not None:
@@ -282,3 +319,15 @@ def _sliced(writes: np.ndarray) -> np.ndarray:
     start = step * SLICE_BYTES
     size = np.minimum(writes[write, 2] - start, SLICE_BYTES)
     return np.stack([writes[write, 0] + start, writes[write, 1] + start, size], axis=1)
+
+
+def _check_peer(method: str, peer) -> None:
+    if not isinstance(peer, str) or not peer:
+        raise ValueError(f"TransferEndpoint.{method}: peer must be a transfer engine's name, a non-empty "
+                         f"\"host:port\" string, got {peer!r}")
+
+
+def _described(value) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} array of shape {value.shape}"
+    return type(value).__name__

@@ -41,7 +41,7 @@ from ..manager.kv_manager import KvManager
 from ..plan.records import KvPlan, ServeConfig
 from ..plan.unified_kv import UnifiedKv
 from ..transfer import SequenceExport, SequenceRows
-from .channel import Channel, ChannelClosed
+from .channel import Channel, ChannelClosed, check_timeout
 from .endpoint import TransferEndpoint
 from .kv_regions import PIECE_BYTES, KvRegions, Staging, pieces, short, staged
 
@@ -70,8 +70,7 @@ class KvReceiver:
 
     def __init__(self, mgr: KvManager, plan: KvPlan, kv: UnifiedKv, endpoint: TransferEndpoint, *,
                  host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0, staging_bytes: int = 0):
-        if not timeout_s > 0:
-            raise ValueError(f"KvReceiver: timeout_s must be > 0, got {timeout_s!r}")
+        check_timeout("KvReceiver", timeout_s)
         self.mgr, self.plan, self.kv, self.endpoint = mgr, plan, kv, endpoint
         self.timeout_s = timeout_s
         self.regions = KvRegions(plan, kv)
@@ -109,6 +108,9 @@ class KvReceiver:
 
     def _serve(self, channel: Channel, message: dict):
         kind = message.get("type")
+        if kind == "ping":
+            channel.pong(message)
+            return None
         if kind == "offer":
             return self._offer(channel, message)
         if kind == "done":  # not awaited: a replay, or for a transfer that ended; nothing starts
@@ -148,12 +150,18 @@ class KvReceiver:
 
     def _await_pieces(self, channel: Channel, move: "_Arriving"):
         """Each piece's "written" in order (scattering it from the staging
-        buffer when staged), then "done": the sequence starts. Anything else,
-        or silence for timeout_s, aborts it."""
+        buffer when staged), then "done": the sequence starts. A "ping" is
+        answered (the sender's check that this process runs, before it hands
+        its first write to the transfer engine). Anything else, or silence
+        for timeout_s, aborts it."""
         seq_id, count = move.mine.seq_id, len(move.layers) - 1
+        reason, k = "", 0
         try:
-            for k in range(count + 1):
+            while k <= count:
                 message = channel.receive(self.timeout_s)
+                if message.get("type") == "ping":
+                    channel.pong(message)
+                    continue
                 expected = dict(type="written", xfer=move.xfer, piece=k) if k < count else \
                     dict(type="done", xfer=move.xfer)
                 if any(message.get(key) != value for key, value in expected.items()):
@@ -166,8 +174,7 @@ class KvReceiver:
                     self.host_seconds += time.perf_counter() - started
                     if any(move.after):  # the sender waits for the room
                         channel.send(dict(type="scattered", xfer=move.xfer, piece=k))
-            else:
-                reason = ""
+                k += 1
         except (ChannelClosed, TimeoutError) as e:
             reason = f"the sender went away at piece {k} of {count}: {e}"
             self._drop(channel)

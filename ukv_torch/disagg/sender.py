@@ -5,8 +5,11 @@
 - refused (NOT_NOW / NEVER_FITS): nothing moved, the sequence stays here;
 - accepted with the receiver's rows and pieces: checks them (inside the
   receiver's registered KV, the buffer's bytes once each, exactly what the
-  sequence holds, pieces of whole layers) before any byte moves, then moves
-  the pieces in order: a piece's writes go to the transfer engine, which
+  sequence holds, pieces of whole layers) before any byte moves, pings the
+  receiver (its process must answer now: the accept may be from a process
+  that froze since, and the transfer engine must never be the one to meet a
+  frozen peer, see endpoint.py), then moves the pieces in order: a piece's
+  writes go to the transfer engine, which
   moves them on its own threads while this one gathers the next piece and
   tells the receiver "written k" for each piece that landed. After the last
   one it says "done", and frees the sequence here once the receiver
@@ -20,8 +23,9 @@ before it ("scattered k"). Between the offer and the acknowledgement the
 caller runs no step, so no row of the sequence moves or is reused while it
 is read.
 
-A receiver that dies, or stays silent or stops taking bytes for
-``timeout_s``, makes the send fail (`SendResult.status == "failed"`); the
+A receiver that dies, does not answer the ping, or stays silent or stops
+taking bytes for ``timeout_s``, makes the send fail
+(`SendResult.status == "failed"`); the
 sequence is then kept, or freed with ``free_on_failure``. Rows the receiver
 names wrongly, or another model geometry, raise ValueError with nothing
 written and the sequence kept.
@@ -39,7 +43,7 @@ from ..manager.kv_manager import KvManager
 from ..plan.records import KvPlan
 from ..plan.unified_kv import UnifiedKv
 from ..transfer import SequenceExport, SequenceRows
-from .channel import Channel, ChannelClosed
+from .channel import Channel, ChannelClosed, check_timeout
 from .endpoint import POLL_S, TransferEndpoint, WriteFailed, Writes
 from .kv_regions import PIECE_BYTES, KvRegions, Staging, check_after, check_destination, check_pieces, cut, join
 
@@ -59,8 +63,7 @@ class KvSender:
 
     def __init__(self, mgr: KvManager, plan: KvPlan, kv: UnifiedKv, endpoint: TransferEndpoint, *,
                  timeout_s: float = 30.0, free_on_failure: bool = False, staging_bytes: int = 0):
-        if not timeout_s > 0:
-            raise ValueError(f"KvSender: timeout_s must be > 0, got {timeout_s!r}")
+        check_timeout("KvSender", timeout_s)
         self.mgr, self.plan, self.kv, self.endpoint = mgr, plan, kv, endpoint
         self.timeout_s, self.free_on_failure = timeout_s, free_on_failure
         self.regions = KvRegions(plan, kv)
@@ -156,6 +159,8 @@ class _Pipeline:
     def __init__(self, sender: KvSender, channel: Channel, xfer: str, export: SequenceExport, answer: dict,
                  bounds: np.ndarray):
         self.channel, self.xfer, self.peer = channel, xfer, answer["engine"]
+        if not isinstance(self.peer, str) or not self.peer:
+            raise ValueError(f"the receiver's engine name must be a non-empty string, got {self.peer!r}")
         self.endpoint, self.timeout_s, self.staging = sender.endpoint, sender.timeout_s, sender._staging
         destination = np.frombuffer(answer["runs"], dtype=np.int64).reshape(-1, 3)
         check_destination(destination, int(bounds[-1]), [tuple(span) for span in answer["memory"]])
@@ -182,6 +187,7 @@ class _Pipeline:
         self.in_flight: Deque[Tuple[int, Writes]] = collections.deque()
         self.landed = 0     # pieces that landed, each told to the receiver
         self.scattered = 0  # pieces the receiver scattered: its room that is free again
+        self.pinged = False  # whether the receiver answered this transfer's ping
 
     def run(self) -> Tuple[float, float]:
         """Write every piece; (seconds from the first gather to the last piece
@@ -194,9 +200,25 @@ class _Pipeline:
                 self.rows.gather(self._staged(k), self.layers[k], self.layers[k + 1])
                 gathering += time.perf_counter() - gathered
             self._until(lambda: self.scattered >= self.after[k])
-            self.in_flight.append((k, self.endpoint.submit(self.peer, self._writes(k))))
+            writes = self._writes(k)
+            if len(writes) and not self.pinged:
+                self._ping()
+            self.in_flight.append((k, self.endpoint.submit(self.peer, writes)))
         self._until(lambda: not self.in_flight)
         return time.perf_counter() - started, gathering
+
+    def _ping(self) -> None:
+        """The receiver's process answers, just before the first write is handed
+        to the transfer engine: a process frozen since its accept fails the send
+        here, within timeout_s, with no call of the engine made towards it.
+        Nothing else is in flight on the channel yet (a "scattered" only follows
+        a "written")."""
+        try:
+            self.channel.ping(self.timeout_s)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}: no write was handed to the transfer engine") from None
+        self.endpoint.mark_alive(self.peer)
+        self.pinged = True
 
     def reply(self) -> dict:
         """The receiver's next message but "scattered" ones, within the timeout."""
