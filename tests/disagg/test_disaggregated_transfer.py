@@ -718,6 +718,43 @@ def test_an_endpoint_names_the_argument_it_cannot_take(endpoints, call, match):
     assert calls.peers == []
 
 
+@pytest.mark.parametrize("options, match", [(dict(timeout_s=0), "KvSender: timeout_s must be a number > 0"),
+                                            (dict(timeout_s="30"), "KvSender: timeout_s must be a number > 0"),
+                                            (dict(free_on_failure="no"), "KvSender: free_on_failure must be a bool")])
+def test_a_sender_option_it_cannot_take_is_named(endpoints, options, match):
+    from ukv_torch.disagg import KvSender
+    a = pool("row_space", seed=1)
+    with pytest.raises(ValueError, match=match):
+        KvSender(a.mgr, a.plan, a.kv, endpoints[0], **options)
+    assert endpoints[0].memory == []  # nothing registered
+
+
+@pytest.mark.parametrize("timeout_s", [0, "30", None])
+def test_a_receiver_timeout_it_cannot_take_is_named(endpoints, timeout_s):
+    from ukv_torch.disagg import KvReceiver
+    b = pool("elastic", seed=2)
+    with pytest.raises(ValueError, match=f"KvReceiver: timeout_s must be a number > 0, got {timeout_s!r}"):
+        KvReceiver(b.mgr, b.plan, b.kv, endpoints[1], timeout_s=timeout_s)
+    assert endpoints[1].memory == []
+
+
+@pytest.mark.parametrize("receiver, receiver_seq_id, match", [
+    ("127.0.0.1:5000", None, "KvSender.send: receiver must be a \\(host, port\\) pair"),
+    (("127.0.0.1", "5000"), None, "receiver must be"), (("127.0.0.1", 0), None, "receiver must be"),
+    (("", 5000), None, "receiver must be"), (("127.0.0.1", 5000, 1), None, "receiver must be"),
+    (("127.0.0.1", 5000), "9", "KvSender.send: receiver_seq_id must be an int or None, got '9'")])
+def test_a_send_argument_it_cannot_take_is_named_and_the_sequence_stays(endpoints, receiver, receiver_seq_id, match):
+    from ukv_torch.disagg import KvSender
+    a = pool("row_space", seed=1)
+    prefill(a, SENT, prompt(700))
+    gauges = counts(a)
+    sender = KvSender(a.mgr, a.plan, a.kv, endpoints[0], timeout_s=HUNG_TIMEOUT_S, free_on_failure=True)
+    with pytest.raises(ValueError, match=match):
+        sender.send(SENT, receiver, receiver_seq_id)
+    assert a.mgr.has_sequence(SENT) and counts(a) == gauges and sender._channels == {}
+    sender.close()
+
+
 def test_a_malformed_message_is_answered_and_changes_nothing(endpoints):
     from ukv_torch.disagg import Channel, KvReceiver
     b = pool("elastic", seed=2)

@@ -64,6 +64,8 @@ class KvSender:
     def __init__(self, mgr: KvManager, plan: KvPlan, kv: UnifiedKv, endpoint: TransferEndpoint, *,
                  timeout_s: float = 30.0, free_on_failure: bool = False, staging_bytes: int = 0):
         check_timeout("KvSender", timeout_s)
+        if not isinstance(free_on_failure, bool):
+            raise ValueError(f"KvSender: free_on_failure must be a bool, got {free_on_failure!r}")
         self.mgr, self.plan, self.kv, self.endpoint = mgr, plan, kv, endpoint
         self.timeout_s, self.free_on_failure = timeout_s, free_on_failure
         self.regions = KvRegions(plan, kv)
@@ -75,6 +77,13 @@ class KvSender:
         """Move decoding sequence ``seq_id`` to the receiver listening at
         ``receiver`` (its KvReceiver.address), under ``receiver_seq_id`` there
         (default: the same id)."""
+        if not (isinstance(receiver, (tuple, list)) and len(receiver) == 2 and isinstance(receiver[0], str)
+                and receiver[0] and isinstance(receiver[1], int) and not isinstance(receiver[1], bool)
+                and 0 < receiver[1] < 65536):
+            raise ValueError(f"KvSender.send: receiver must be a (host, port) pair such as KvReceiver.address, "
+                             f"got {receiver!r}")
+        if receiver_seq_id is not None and (isinstance(receiver_seq_id, bool) or not isinstance(receiver_seq_id, int)):
+            raise ValueError(f"KvSender.send: receiver_seq_id must be an int or None, got {receiver_seq_id!r}")
         started = time.perf_counter()
         export = self.mgr.describe_sequence(seq_id)
         bounds = self.regions.layer_bounds(export)
