@@ -5,10 +5,12 @@ The receiver listens for senders. For each offer it checks the model,
 admits the sequence with `import_sequence` (a refusal is answered before any
 byte moves), cuts the sequence's buffer into pieces of whole layers, and
 sends back where its rows are as runs, with the pieces. The sender then
-writes the pieces in order and says "written k" as each landed, and "done"
-after the last: only then does the sequence start (an `Arrival`). A sender
-that dies, says nothing for the timeout, or aborts, costs the sequence its
-rows (an `Abort`), and the pool is as before the offer.
+pings (answered at once: its proof that this process runs before it hands
+the transfer engine a write), writes the pieces in order and says "written
+k" as each landed, and "done" after the last: only then does the sequence
+start (an `Arrival`). A sender that dies, says nothing for the timeout, or
+aborts, costs the sequence its rows (an `Abort`), and the pool is as before
+the offer.
 
 The wait happens inside `poll`, between the engine's steps: a step may move
 or reuse rows (row-space relocations, evictions), so none runs while bytes
