@@ -255,7 +255,7 @@ class TransferEndpoint:
 
     def _handshake_returned(self, peer: str, handshake: _Handshake) -> None:
         """A first write returned: the peer is reached, or its writes fail."""
-        if not 0 < handshake.batch < 1 << 63:  # 0 (or -1): the peer cannot be reached; a later write tries again
+        if not _taken(handshake.batch):  # a later write tries again
             if handshake.owner is not None:
                 self._fail(handshake.owner, f"the transfer engine cannot reach {peer}")
             return
@@ -271,7 +271,7 @@ class TransferEndpoint:
                 return False
             src, dst, size = owner._next()
             batch = self._engine.batch_transfer_async_write(owner.peer, [src], [dst], [size])
-            if not 0 < batch < 1 << 63:  # 0 (or -1): the peer cannot be reached
+            if not _taken(batch):
                 self._reached.discard(owner.peer)
                 self._fail(owner, f"the transfer engine cannot write to {owner.peer}")
                 return False
@@ -319,6 +319,11 @@ def _sliced(writes: np.ndarray) -> np.ndarray:
     start = step * SLICE_BYTES
     size = np.minimum(writes[write, 2] - start, SLICE_BYTES)
     return np.stack([writes[write, 0] + start, writes[write, 1] + start, size], axis=1)
+
+
+def _taken(batch: int) -> bool:
+    """Whether the engine took a write: a batch id, not 0 or -1 (it cannot reach the peer)."""
+    return 0 < batch < 1 << 63
 
 
 def _check_peer(method: str, peer) -> None:
