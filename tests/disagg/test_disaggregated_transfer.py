@@ -632,10 +632,10 @@ def test_a_send_to_a_peer_that_takes_no_bytes_fails_within_the_timeout():
         s.close()
 
 
-@pytest.mark.parametrize("timeout_s", [0, -1.0])
+@pytest.mark.parametrize("timeout_s", [0, -1.0, "5", True])
 def test_a_channel_timeout_must_be_positive(timeout_s):
     from ukv_torch.disagg import Channel
-    with socket.socket() as sock, pytest.raises(ValueError, match="Channel: timeout_s must be > 0 or None"):
+    with socket.socket() as sock, pytest.raises(ValueError, match="Channel: timeout_s must be a number > 0 or None"):
         Channel(sock, timeout_s)
 
 

@@ -31,10 +31,14 @@ MAX_MESSAGE_BYTES = 256 << 20
 _LENGTH = struct.Struct("!I")
 
 
-def check_timeout(where: str, timeout_s) -> None:
-    """ValueError naming ``where`` unless ``timeout_s`` is a number of seconds > 0."""
+def check_timeout(where: str, timeout_s, none_ok: bool = False) -> None:
+    """ValueError naming ``where`` unless ``timeout_s`` is a number of seconds > 0
+    (or None, where ``none_ok``: no limit)."""
+    if none_ok and timeout_s is None:
+        return
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ValueError(f"{where}: timeout_s must be a number > 0, got {timeout_s!r}")
+        raise ValueError(f"{where}: timeout_s must be a number > 0{' or None' if none_ok else ''}, "
+                         f"got {timeout_s!r}")
 
 
 class ChannelClosed(ConnectionError):
@@ -46,8 +50,7 @@ class Channel:
     ``timeout_s`` for the peer to take the message (None: as long as it takes)."""
 
     def __init__(self, sock: socket.socket, timeout_s: Optional[float] = None):
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"Channel: timeout_s must be > 0 or None, got {timeout_s!r}")
+        check_timeout("Channel", timeout_s, none_ok=True)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock, self.timeout_s = sock, timeout_s
 
