@@ -20,6 +20,9 @@ requests of a few KiB per block, which TCP moves at ~17K a second).
 Reports, medians over the rounds: GB/s of the whole send (offer to
 acknowledgement) and of its write phase, beside raw; host cost per sequence
 on each side (describing, checking and joining rows; admitting and staging).
+The % of raw is the median of each round's own ratio (its send against the
+raw write just before it), so a drift of the host's speed between rounds,
+which on a small VM moves raw by 1.5x, cancels out.
 
 Run: python benchmarks/bench_disagg.py [--rounds N] [--modes staged,staged64,direct] [--json]
 (prints a markdown table; --json: one JSON object with the host's CPU count and the rows' figures).
@@ -199,8 +202,9 @@ def run(plan, kv, mgr, mode: str, rounds: int):
             m = statistics.median
             rows.append(dict(mode=mode, tokens=tokens, mib=round(nbytes / 2**20, 1),
                              send_gbps=round(m(sends) / 1e9, 3), write_gbps=round(m(writes) / 1e9, 3),
-                             raw_gbps=round(m(raws) / 1e9, 3), send_pct_of_raw=round(100 * m(sends) / m(raws), 1),
-                             write_pct_of_raw=round(100 * m(writes) / m(raws), 1),
+                             raw_gbps=round(m(raws) / 1e9, 3),
+                             send_pct_of_raw=round(100 * m([s / r for s, r in zip(sends, raws)]), 1),
+                             write_pct_of_raw=round(100 * m([w / r for w, r in zip(writes, raws)]), 1),
                              sender_host_ms=round(1e3 * m(sender_host), 2),
                              receiver_host_ms=round(1e3 * m(receiver_host), 2),
                              send_ms=round(1e3 * nbytes / m(sends), 1)))
