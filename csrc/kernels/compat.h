@@ -2,7 +2,9 @@
 // .cuh in csrc/kernels is a single source for nvcc and hipcc. The kernels use no
 // warp-size constant (AMD CDNA runs 64-wide wavefronts), no lane masks and no
 // inline assembly: block sizes are multiples of 64, and cooperation between
-// threads goes through shared memory and __syncthreads only.
+// threads goes through shared memory and __syncthreads, or through
+// shfl_up_in_32 below, whose groups of 32 threads are a warp on NVIDIA and
+// half a wavefront on AMD.
 //
 // Included by plain C++ translation units too (the CPU implementations share
 // the per-token formulas), where the function qualifiers expand to nothing.
@@ -71,6 +73,17 @@ UKV_DEVICE void after_prior_kernels() {
 #endif
 
 #if defined(UKV_GPU_COMPILER)
+// Thread t's v from thread t - delta of its group of 32 (threads 32g..32g+31
+// of the block; t keeps its own v where t - delta lies before the group).
+// Every thread of the group must call it together.
+UKV_DEVICE uint64_t shfl_up_in_32(uint64_t v, int delta) {
+#if defined(__HIPCC__)
+  return __shfl_up(static_cast<unsigned long long>(v), static_cast<unsigned int>(delta), 32);
+#else
+  return __shfl_up_sync(0xffffffffu, static_cast<unsigned long long>(v), static_cast<unsigned int>(delta));
+#endif
+}
+
 // The current device's multiprocessor (compute unit) count, looked up once
 // per device; 0 if it cannot be read.
 inline int multiprocessor_count() {

@@ -12,12 +12,22 @@
 // a scan over the threads gives every group's end, a binary search the
 // group where the block's share starts. No block waits on another.
 //
+// The grid is one wave, so a block's prelude (finding its share and laying
+// out its pieces) is not hidden behind other blocks' copies: it is a chain
+// of dependent steps, and its length is the kernel's overhead over a plain
+// copy. The scans therefore go through lane shuffles (three barriers, not
+// two per step), and the share's bounds take a 32-bit division where the
+// list's bytes fit 32 bits.
+//
 // A block then copies its share as one flat range of units, whatever spans
 // it crosses: it lays the pieces of up to kThreads spans in shared memory,
-// and every thread keeps kCopyUnroll units in flight, each found in its
-// piece by a search over the pieces' unit counts. Copying piece after piece
-// instead waited out a memory round trip per piece: a share of a few small
-// runs (a sequence's 4-14 KiB runs) ran at a third of the copy bandwidth.
+// and each group of 32 threads copies stretches of 32 * kCopyUnroll
+// consecutive units, kCopyUnroll loads in flight a thread. A stretch inside
+// one contiguous, 16-byte piece (nearly all of them: pieces are KiBs) is
+// copied from two pointers found once; only a stretch across pieces, or in
+// a strided or byte piece, finds each unit's piece and place. Finding them
+// for every unit cost more instructions than the copy itself: 16 unit moves
+// ran at half the speed of a plain copy of their bytes.
 // Units are 16-byte vectors where both sides and the row size are 16-byte
 // aligned, else bytes (the split points are rounded to the unit, the same
 // way by the two blocks that meet there); contiguous spans (both strides
@@ -65,9 +75,14 @@ struct CopyPiece {
 };
 
 // Where block b's share of total bytes starts: b * total / G, without
-// overflowing 64 bits, and with one 64-bit division.
+// overflowing 64 bits, and with one 64-bit division (a 32-bit one where
+// total fits 32 bits).
 UKV_DEVICE uint64_t share_start(uint64_t total, uint32_t b) {
   const uint32_t blocks = gridDim.x;
+  if ((total >> 32) == 0) {
+    const uint32_t t = static_cast<uint32_t>(total), whole = t / blocks, rest = t - whole * blocks;
+    return static_cast<uint64_t>(whole) * b + static_cast<uint64_t>(rest) * b / blocks;
+  }
   const uint64_t whole = total / blocks;
   const uint32_t rest = static_cast<uint32_t>(total - whole * blocks);  // < G: rest * b / G is a small division
   return whole * b + static_cast<uint64_t>(rest) * b / blocks;
@@ -75,16 +90,27 @@ UKV_DEVICE uint64_t share_start(uint64_t total, uint32_t b) {
 
 // Inclusive prefix sums of cells[0, kThreads), by the whole block. Every
 // thread has written its cell before; every thread may read any cell after.
+// Each group of 32 threads scans its cells by shuffles, then adds the totals
+// of the groups before it.
 template <int kThreads>
 UKV_DEVICE void block_inclusive_scan(uint64_t* cells) {
-  const int32_t tid = threadIdx.x;
+  constexpr int32_t kGroups = kThreads / 32;
+  static_assert(kThreads % 64 == 0, "blocks are whole wavefronts on AMD and whole warps on NVIDIA");
+  __shared__ uint64_t group_total[kGroups];
+  const int32_t tid = threadIdx.x, lane = tid % 32, group = tid / 32;
   __syncthreads();
-  for (int32_t d = 1; d < kThreads; d *= 2) {
-    const uint64_t before = tid >= d ? cells[tid - d] : 0;
-    __syncthreads();
-    cells[tid] += before;
-    __syncthreads();
+  uint64_t x = cells[tid];
+#pragma unroll
+  for (int32_t d = 1; d < 32; d *= 2) {
+    const uint64_t below = gpu::shfl_up_in_32(x, d);
+    if (lane >= d) x += below;
   }
+  if (lane == 31) group_total[group] = x;
+  __syncthreads();
+#pragma unroll
+  for (int32_t g = 0; g < kGroups; ++g) x += g < group ? group_total[g] : 0;
+  cells[tid] = x;
+  __syncthreads();
 }
 
 // Span s's part of the block's share [lo, hi), s covering [begin, begin + bytes).
@@ -117,50 +143,60 @@ UKV_DEVICE void locate(const CopyPiece& c, uint64_t u, const uint8_t** from, uin
   *to = c.to + static_cast<int64_t>(row) * c.to_stride + column;
 }
 
-// The piece of unit j: the first p at or after `from` with unit_end[p] > j.
-template <int kThreads>
-UKV_DEVICE int32_t piece_at(const uint64_t* unit_end, uint64_t j, int32_t from) {
-  int32_t top = kThreads - 1;
-  while (from < top) {
-    const int32_t mid = (from + top) / 2;
-    if (unit_end[mid] > j) top = mid; else from = mid + 1;
-  }
-  return from;
-}
-
 // Copies units [0, unit_end[kThreads - 1]) of the pieces, piece p holding
-// units [unit_end[p - 1], unit_end[p]), kCopyUnroll loads in flight a
-// thread. The stores find their places again rather than keep them: the
-// registers go to loads in flight.
+// units [unit_end[p - 1], unit_end[p]). Group g of 32 threads copies the
+// stretches g, g + kThreads / 32, ... of 32 * kCopyUnroll units; its cursor
+// into the pieces only moves forward.
 template <int kThreads>
 UKV_DEVICE void copy_pieces(const CopyPiece* pieces, const uint64_t* unit_end) {
+  constexpr uint64_t kStretch = 32 * kCopyUnroll;
   const uint64_t total = unit_end[kThreads - 1];
+  const int32_t lane = threadIdx.x % 32;
   const auto first_unit = [&](int32_t p) { return p > 0 ? unit_end[p - 1] : 0; };
-  for (uint64_t j0 = threadIdx.x; j0 < total; j0 += kCopyUnroll * kThreads) {
-    int4 v[kCopyUnroll];
-    int32_t piece[kCopyUnroll];
-    int32_t p = piece_at<kThreads>(unit_end, j0, 0);  // later units lie in it or after it
+  int32_t p = 0;
+  for (uint64_t s0 = threadIdx.x / 32 * kStretch; s0 < total; s0 += kStretch * (kThreads / 32)) {
+    while (unit_end[p] <= s0) ++p;
+    const CopyPiece& c = pieces[p];
+    if (s0 + kStretch <= unit_end[p] && c.flat && c.shift == 4) {  // the stretch lies in one flat 16-byte piece
+      const uint64_t at = c.first + (s0 - first_unit(p)) + lane;
+      const int4* from = reinterpret_cast<const int4*>(c.from) + at;
+      int4* to = reinterpret_cast<int4*>(c.to) + at;
+      int4 v[kCopyUnroll];
 #pragma unroll
-    for (int32_t k = 0; k < kCopyUnroll; ++k) {
-      const uint64_t j = j0 + static_cast<uint64_t>(k) * kThreads;
-      piece[k] = -1;
-      if (j >= total) continue;
-      if (unit_end[p] <= j) p = piece_at<kThreads>(unit_end, j, p + 1);
-      const CopyPiece& c = pieces[p];
-      const uint8_t* from;
-      uint8_t* to;
-      locate(c, j - first_unit(p), &from, &to);
-      piece[k] = p;
-      if (c.shift == 4) v[k] = *reinterpret_cast<const int4*>(from); else v[k].x = *from;
+      for (int32_t k = 0; k < kCopyUnroll; ++k) v[k] = from[k * 32];
+#pragma unroll
+      for (int32_t k = 0; k < kCopyUnroll; ++k) to[k * 32] = v[k];
+      continue;
     }
+    // Unit by unit, half a stretch at a time (the registers of a whole
+    // stretch's places would spill).
+    constexpr int32_t kHalf = kCopyUnroll / 2;
+    int32_t q = p;
+    for (int32_t h = 0; h < kCopyUnroll; h += kHalf) {
+      int4 v[kHalf];
+      int32_t piece[kHalf];
 #pragma unroll
-    for (int32_t k = 0; k < kCopyUnroll; ++k) {
-      if (piece[k] < 0) continue;
-      const CopyPiece& c = pieces[piece[k]];
-      const uint8_t* from;
-      uint8_t* to;
-      locate(c, j0 + static_cast<uint64_t>(k) * kThreads - first_unit(piece[k]), &from, &to);
-      if (c.shift == 4) *reinterpret_cast<int4*>(to) = v[k]; else *to = static_cast<uint8_t>(v[k].x);
+      for (int32_t k = 0; k < kHalf; ++k) {
+        const uint64_t j = s0 + (h + k) * 32 + lane;
+        piece[k] = -1;
+        if (j >= total) continue;
+        while (unit_end[q] <= j) ++q;
+        const CopyPiece& d = pieces[q];
+        const uint8_t* from;
+        uint8_t* to;
+        locate(d, j - first_unit(q), &from, &to);
+        piece[k] = q;
+        if (d.shift == 4) v[k] = *reinterpret_cast<const int4*>(from); else v[k].x = *from;
+      }
+#pragma unroll
+      for (int32_t k = 0; k < kHalf; ++k) {
+        if (piece[k] < 0) continue;
+        const CopyPiece& d = pieces[piece[k]];
+        const uint8_t* from;
+        uint8_t* to;
+        locate(d, s0 + (h + k) * 32 + lane - first_unit(piece[k]), &from, &to);
+        if (d.shift == 4) *reinterpret_cast<int4*>(to) = v[k]; else *to = static_cast<uint8_t>(v[k].x);
+      }
     }
   }
 }

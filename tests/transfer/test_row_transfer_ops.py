@@ -346,6 +346,49 @@ def test_gpu_thousands_of_short_runs_of_mixed_alignment(seed):
 
 
 @pytest.mark.gpu
+def test_gpu_a_list_of_tens_of_thousands_of_runs():
+    """More runs than 64 for each block of the copy grid (three blocks a
+    multiprocessor), so every thread of a block sums a long group of them
+    to find the block's share: short runs of mixed alignment, a few outside
+    their tensor or the buffer (skipped), and padding past the count.
+    Gathered and scattered back, against the CPU."""
+    rng = random.Random(5)
+    grid = 3 * torch.cuda.get_device_properties(0).multi_processor_count
+    n = 64 * grid + 1000
+    slot = 8
+    rows_each = -(-n // 3 + 64) * slot
+    tensors = [torch.randint(0, 256, (rows_each, 448), dtype=torch.uint8),
+               torch.randint(0, 256, (rows_each, 20), dtype=torch.uint8)[:, :12],
+               torch.randn(rows_each, 3).to(torch.bfloat16)]
+    free = [list(range(0, rows_each - slot + 1, slot)) for _ in tensors]
+    for f in free:
+        rng.shuffle(f)
+    runs, offset = [], 0
+    for i in range(n):
+        tensor = i % 3
+        rows = rng.randint(1, slot)
+        runs.append([tensor, free[tensor].pop(), rows, offset])
+        offset += rows * row_bytes(tensors[tensor]) + (rng.randrange(3) if tensor else 0)
+    for i in rng.sample(range(n), 20):  # outside the tensor, or past the buffer's end
+        runs[i] = [runs[i][0], rows_each, 1, runs[i][3]] if i % 2 else [runs[i][0], 0, 1, offset + 1]
+    count = n - 7
+    sources = on_gpu(tensors)
+    buffer = torch.full((offset,), 7, dtype=torch.uint8, device="cuda")
+    runs_t, count_t = run_tensors(runs + [[0, 0, 5, 0]] * 9, count, "cuda")
+    ukv_torch.gather_rows(sources, runs_t, count_t, buffer)
+    assert torch.equal(buffer.cpu(), reference_gather(tensors, runs, count, offset))
+    targets = [torch.zeros_like(t) for t in sources]
+    ukv_torch.scatter_rows(targets, runs_t, count_t, buffer)
+    expected = [torch.zeros_like(t) for t in tensors]
+    for tensor, first, rows, at in runs[:count]:
+        t = tensors[tensor]
+        if first + rows <= t.shape[0] and at + rows * row_bytes(t) <= offset:
+            expected[tensor][first: first + rows] = t[first: first + rows]
+    for target, want in zip(targets, expected):
+        assert torch.equal(target.cpu(), want)
+
+
+@pytest.mark.gpu
 def test_gpu_graph_replays_read_new_runs_and_counts():
     """Captured once on static run buffers; each replay reads the runs and the count they hold then."""
     tensors = make_tensors("cpu", rows=400)
