@@ -356,7 +356,7 @@ def test_gpu_a_list_of_tens_of_thousands_of_runs():
     grid = 3 * torch.cuda.get_device_properties(0).multi_processor_count
     n = 64 * grid + 1000
     slot = 8
-    rows_each = -(-n // 3 + 64) * slot
+    rows_each = (-(-n // 3) + 64) * slot  # a free slot of rows for every run of each tensor, and spare
     tensors = [torch.randint(0, 256, (rows_each, 448), dtype=torch.uint8),
                torch.randint(0, 256, (rows_each, 20), dtype=torch.uint8)[:, :12],
                torch.randn(rows_each, 3).to(torch.bfloat16)]
