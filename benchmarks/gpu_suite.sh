@@ -37,9 +37,10 @@ git rev-parse --short HEAD >>"$OUT/summary.txt" 2>/dev/null
 stage build python3 -m pip install --no-build-isolation --no-deps -e . -q || exit 1
 SANITIZED="tests/index_ops/test_index_steps.py tests/index_ops/test_index_ops.py tests/index_ops/test_index_robustness.py
   tests/manager/test_kv_manager_gpu.py tests/index_ops/test_row_space_ops.py tests/transfer/test_row_transfer_ops.py
+  tests/transfer/test_layer_row_transfer.py
   tests/integration/test_row_space_step_graph.py tests/tiers/test_object_checksums.py tests/tiers/test_tier_cache.py"
 RACECHECKED="tests/index_ops/test_index_robustness.py tests/manager/test_kv_manager_gpu.py tests/index_ops/test_row_space_ops.py
-  tests/transfer/test_row_transfer_ops.py tests/tiers/test_object_checksums.py"
+  tests/transfer/test_row_transfer_ops.py tests/transfer/test_layer_row_transfer.py tests/tiers/test_object_checksums.py"
 for s in "$@"; do
   case $s in
     tests) stage tests python3 -m pytest -q -m gpu tests ;;

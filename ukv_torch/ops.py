@@ -298,7 +298,7 @@ def apply_row_copies(planes: List[torch.Tensor], copies: torch.Tensor, copy_coun
 
 @schema_op
 def gather_rows(sources: List[torch.Tensor], runs: torch.Tensor, run_count: torch.Tensor,
-                buffer: torch.Tensor) -> None:
+                buffer: torch.Tensor, *, layer_offsets: Optional[List[int]] = None) -> None:
     """Copy row runs of up to four 2-D tensors into one contiguous byte buffer, in place.
 
     ``runs`` is ``[max_runs, 4]`` int64: (tensor, first_row, rows,
@@ -313,17 +313,28 @@ def gather_rows(sources: List[torch.Tensor], runs: torch.Tensor, run_count: torc
     naming them, nothing copied); on the GPU a run outside is skipped.
     ``ukv_torch.transfer`` builds the runs of a sequence. One kernel on the
     current stream sized by ``max_runs``: capturable in a CUDA graph.
+
+    ``layer_offsets`` (at most 64) applies the same runs to several layers in
+    that one kernel: ``sources`` then holds the layers' tensors layer after
+    layer, the same number each (at most four), tensor ``k`` of every layer
+    with the row bytes, row stride and rows of layer 0's tensor ``k`` (the
+    layers of one compress ratio); layer ``l``'s runs read its own tensors
+    and land ``layer_offsets[l]`` bytes further into the buffer. Checked like
+    one layer's runs, every layer's writes disjoint from every other's. A
+    call per layer cost more host time than the copy of a few blocks takes
+    on the GPU.
     """
 
 
 @schema_op
 def scatter_rows(targets: List[torch.Tensor], runs: torch.Tensor, run_count: torch.Tensor,
-                 buffer: torch.Tensor) -> None:
+                 buffer: torch.Tensor, *, layer_offsets: Optional[List[int]] = None) -> None:
     """The inverse of :func:`gather_rows`: copy each run's packed bytes from ``buffer``
     into rows ``[first_row, first_row + rows)`` of ``targets[tensor]``, in place.
 
     Same arguments and rules; runs must write disjoint rows (checked on the
-    host, like the ranges). In the row-space
+    host, like the ranges), and with ``layer_offsets`` the layers' targets
+    must not share memory (always checked). In the row-space
     layout apply the step's row copies first: a unit moved out of the rows a
     run fills would otherwise be copied from after the scatter wrote them.
     """

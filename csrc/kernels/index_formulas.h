@@ -383,15 +383,18 @@ struct RowRun {
   int64_t offset;
 };
 
-UKV_HOST_DEVICE RowRun row_run(const RowTransferParams& p, int32_t i) {
+// Run i, its packed bytes `shift` bytes further into the buffer (a layer's
+// offset, 0 <= shift <= buffer_bytes), or no rows where it falls outside.
+UKV_HOST_DEVICE RowRun row_run(const RowTransferParams& p, int32_t i, int64_t shift = 0) {
   const int64_t* r = p.runs + 4 * static_cast<int64_t>(i);
   const int64_t tensor = r[0], first = r[1], rows = r[2], offset = r[3];
   if (tensor < 0 || tensor >= p.num_tensors || rows <= 0 || first < 0 || offset < 0) return {0, 0, 0, 0};
   const int32_t t = static_cast<int32_t>(tensor);
   // Compared as differences: a sum of hostile values could wrap. Once the
   // rows lie in the tensor, their bytes (at most the tensor's) cannot.
-  if (first > p.tensor_rows[t] - rows || offset > p.buffer_bytes - rows * p.row_bytes[t]) return {0, 0, 0, 0};
-  return {t, first, rows, offset};
+  if (first > p.tensor_rows[t] - rows || offset > p.buffer_bytes - shift - rows * p.row_bytes[t])
+    return {0, 0, 0, 0};
+  return {t, first, rows, offset + shift};
 }
 
 // An entry is applied only if both ranges lie in the planes and do not

@@ -213,9 +213,11 @@ gpu::Error launch_apply_row_copies(const RowCopyParams& p, gpu::Stream stream) {
   return gpu::kSuccess;
 }
 
-gpu::Error launch_transfer_rows(const RowTransferParams& p, gpu::Stream stream) {
-  if (p.max_runs == 0 || p.num_tensors == 0) return gpu::kSuccess;
-  return gpu::launch(transfer_rows_kernel<kCopyThreads>, copy_grid(), kCopyThreads, stream, p);
+gpu::Error launch_transfer_rows(const LayerRowTransferParams& p, gpu::Stream stream) {
+  if (p.rows.max_runs == 0 || p.rows.num_tensors == 0 || p.num_layers == 0) return gpu::kSuccess;
+  if (p.num_layers == 1)  // the smaller parameter block
+    return gpu::launch(transfer_rows_kernel<kCopyThreads>, copy_grid(), kCopyThreads, stream, p.rows);
+  return gpu::launch(transfer_layer_rows_kernel<kCopyThreads>, copy_grid(), kCopyThreads, stream, p);
 }
 
 }  // namespace ukv::kernels

@@ -21,7 +21,7 @@ gpu::Error launch_prefill_index_metadata(const PrefillMetadataParams& p, gpu::St
 gpu::Error launch_swa_slot_mapping(const SwaSlotMappingParams& p, gpu::Stream stream);
 // One launch per copy phase (the only op that enqueues more than one kernel).
 gpu::Error launch_apply_row_copies(const RowCopyParams& p, gpu::Stream stream);
-// gather_rows and scatter_rows (p.to_buffer says which).
-gpu::Error launch_transfer_rows(const RowTransferParams& p, gpu::Stream stream);
+// gather_rows and scatter_rows (p.rows.to_buffer says which), every layer in one launch.
+gpu::Error launch_transfer_rows(const LayerRowTransferParams& p, gpu::Stream stream);
 
 }  // namespace ukv::kernels

@@ -188,6 +188,20 @@ struct RowTransferParams {
   bool to_buffer;  // gather (tensor rows -> buffer) or scatter (buffer -> tensor rows)
 };
 
+// The same runs over several layers (gather_rows / scatter_rows with
+// layer_offsets): layer l's tensor t is tensors[l][t], alike in shape to
+// `rows`' tensor t (the layers of one compress ratio), and its runs land
+// layer_offset[l] bytes further into the buffer. One launch copies every
+// layer's rows: a launch per layer cost more host time than the copy of a
+// few blocks takes on the GPU.
+constexpr int32_t kMaxLayers = 64;
+struct LayerRowTransferParams {
+  RowTransferParams rows;  // the runs, the buffer, the tensors' shapes, layer 0's tensors
+  int32_t num_layers;      // 1: `rows` alone
+  uint8_t* tensors[kMaxLayers][kMaxPlanes];
+  int64_t layer_offset[kMaxLayers];
+};
+
 struct DecodeMetadataParams {
   Positions positions;
   const int32_t* batch_id;

@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/index_formulas.h"
@@ -60,24 +62,52 @@ void check_host_copies(const kernels::RowCopyParams& p) {
   }
 }
 
-void check_host_runs(const char* op, const kernels::RowTransferParams& p) {
+void check_host_runs(const char* op, const kernels::LayerRowTransferParams& lp) {
+  const kernels::RowTransferParams& p = lp.rows;
   std::vector<Span> spans;
-  for (int32_t i = 0; i < kernels::run_count(p); ++i) {
-    const int64_t* r = p.runs + 4 * static_cast<int64_t>(i);
-    const kernels::RowRun run = kernels::row_run(p, i);
-    TORCH_CHECK_VALUE(run.rows > 0, op, ": runs[", i, "] = (", r[0], ", ", r[1], ", ", r[2], ", ", r[3],
-                      ") must name one of the ", p.num_tensors, " tensors and a positive number of rows inside it and the ",
-                      p.buffer_bytes, "-byte buffer");
-    // Only the writes can conflict: tensor rows (scatter) or buffer bytes (gather).
-    if (p.to_buffer)
-      spans.push_back({0, run.offset, run.offset + run.rows * p.row_bytes[run.tensor], true, i});
-    else
-      spans.push_back({run.tensor, run.first_row, run.first_row + run.rows, true, i});
+  for (int32_t layer = 0; layer < lp.num_layers; ++layer) {
+    for (int32_t i = 0; i < kernels::run_count(p); ++i) {
+      const int64_t* r = p.runs + 4 * static_cast<int64_t>(i);
+      const kernels::RowRun run = kernels::row_run(p, i, lp.layer_offset[layer]);
+      TORCH_CHECK_VALUE(run.rows > 0, op, ": runs[", i, "] = (", r[0], ", ", r[1], ", ", r[2], ", ", r[3],
+                        ") must name one of the ", p.num_tensors,
+                        " tensors and a positive number of rows inside it and the ", p.buffer_bytes, "-byte buffer",
+                        lp.num_layers > 1 ? " (in layer " + std::to_string(layer) + ", at its layer offset " +
+                                                std::to_string(lp.layer_offset[layer]) + ")"
+                                          : std::string());
+      // Only the writes can conflict: tensor rows (scatter) or buffer bytes (gather).
+      const int64_t entry = static_cast<int64_t>(layer) * p.max_runs + i;
+      if (p.to_buffer)
+        spans.push_back({0, run.offset, run.offset + run.rows * p.row_bytes[run.tensor], true, entry});
+      else
+        spans.push_back({static_cast<int64_t>(layer) * kernels::kMaxPlanes + run.tensor, run.first_row,
+                         run.first_row + run.rows, true, entry});
+    }
   }
   const auto [a, b] = first_conflict(std::move(spans));
-  TORCH_CHECK_VALUE(a < 0, op, ": runs[", a, "] and runs[", b, "] write the same ",
-                    p.to_buffer ? "buffer bytes" : "tensor rows", "; runs must write disjoint ",
+  const auto name = [&](int64_t entry) {
+    const std::string run = "runs[" + std::to_string(entry % std::max<int64_t>(p.max_runs, 1)) + "]";
+    return lp.num_layers > 1 ? run + " of layer " + std::to_string(entry / p.max_runs) : run;
+  };
+  TORCH_CHECK_VALUE(a < 0, op, ": ", a < 0 ? std::string() : name(a), " and ", b < 0 ? std::string() : name(b),
+                    " write the same ", p.to_buffer ? "buffer bytes" : "tensor rows", "; runs must write disjoint ",
                     p.to_buffer ? "bytes" : "rows");
+}
+
+void check_disjoint_tensors(const char* op, const char* tensors_name, const kernels::LayerRowTransferParams& lp) {
+  const kernels::RowTransferParams& p = lp.rows;
+  std::vector<Span> spans;
+  for (int32_t layer = 0; layer < lp.num_layers; ++layer) {
+    for (int32_t k = 0; k < p.num_tensors; ++k) {
+      if (p.tensor_rows[k] == 0) continue;
+      const auto begin = static_cast<int64_t>(reinterpret_cast<uintptr_t>(lp.tensors[layer][k]));
+      const int64_t end = begin + (p.tensor_rows[k] - 1) * p.row_stride[k] + p.row_bytes[k];
+      spans.push_back({0, begin, end, true, static_cast<int64_t>(layer) * p.num_tensors + k});
+    }
+  }
+  const auto [a, b] = first_conflict(std::move(spans));
+  TORCH_CHECK_VALUE(a < 0, op, ": ", tensors_name, "[", a, "] and ", tensors_name, "[", b,
+                    "] share memory; every layer's runs write the same rows, so the layers' tensors must not overlap");
 }
 
 }  // namespace ukv::ops

@@ -11,6 +11,9 @@
 namespace ukv::ops {
 
 void check_host_copies(const kernels::RowCopyParams& p);
-void check_host_runs(const char* op, const kernels::RowTransferParams& p);
+void check_host_runs(const char* op, const kernels::LayerRowTransferParams& p);
+// Scatter targets of several layers: no two of them may share memory (each
+// layer's runs write the same rows of its own tensors).
+void check_disjoint_tensors(const char* op, const char* tensors_name, const kernels::LayerRowTransferParams& p);
 
 }  // namespace ukv::ops

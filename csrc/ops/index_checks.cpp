@@ -422,12 +422,17 @@ namespace {
 // `tensors` (named `tensors_name`) are 2-D with contiguous rows (any row
 // stride: a compressor or indexer view), the runs an int64 [max_runs, 4]
 // list with an int32 [1] count, the buffer a contiguous 1-D uint8 tensor.
-kernels::RowTransferParams check_transfer(const char* op, c10::DeviceType device_type,
-                                          const std::vector<at::Tensor>& tensors, const char* tensors_name,
-                                          const at::Tensor& runs, const at::Tensor& run_count,
-                                          const at::Tensor& buffer, bool to_buffer) {
+// With layer_offsets, `tensors` holds the layers' tensors layer after layer,
+// the same number each, tensor k of every layer shaped like layer 0's.
+kernels::LayerRowTransferParams check_transfer(const char* op, c10::DeviceType device_type,
+                                               const std::vector<at::Tensor>& tensors, const char* tensors_name,
+                                               const at::Tensor& runs, const at::Tensor& run_count,
+                                               const at::Tensor& buffer,
+                                               const std::optional<std::vector<int64_t>>& layer_offsets,
+                                               bool to_buffer) {
   ArgChecker c(op, device_type);
-  kernels::RowTransferParams p{};
+  kernels::LayerRowTransferParams lp{};
+  kernels::RowTransferParams& p = lp.rows;
   c.same_device(buffer, "buffer");
   TORCH_CHECK_TYPE(buffer.scalar_type() == at::kByte, op, ": buffer must be uint8, got ", buffer.scalar_type());
   TORCH_CHECK_VALUE(buffer.dim() == 1 && (buffer.numel() <= 1 || buffer.stride(0) == 1), op,
@@ -443,11 +448,26 @@ kernels::RowTransferParams check_transfer(const char* op, c10::DeviceType device
   p.runs = runs.data_ptr<int64_t>();
   p.max_runs = static_cast<int32_t>(runs.size(0));
   p.count = c.vector(run_count, "run_count", 1);
-  TORCH_CHECK_VALUE(tensors.size() <= static_cast<size_t>(kernels::kMaxPlanes), op, ": ", tensors_name,
-                    " must hold at most ", kernels::kMaxPlanes, " tensors, got ", tensors.size());
-  p.num_tensors = static_cast<int32_t>(tensors.size());
+  const int64_t layers = layer_offsets ? static_cast<int64_t>(layer_offsets->size()) : 1;
+  TORCH_CHECK_VALUE(layers >= 1 && layers <= kernels::kMaxLayers, op, ": layer_offsets must hold 1 to ",
+                    kernels::kMaxLayers, " offsets (a call per group of layers beyond), got ", layers);
+  TORCH_CHECK_VALUE(static_cast<int64_t>(p.max_runs) * layers <= kInt32Max, op, ": runs (", p.max_runs,
+                    ") times layers (", layers, ") must fit 32 bits");
+  const int64_t per_layer = static_cast<int64_t>(tensors.size()) / layers;
+  TORCH_CHECK_VALUE(static_cast<int64_t>(tensors.size()) == per_layer * layers && per_layer <= kernels::kMaxPlanes,
+                    op, ": ", tensors_name, " must hold at most ", kernels::kMaxPlanes, " tensors for each of the ",
+                    layers, " layers, the same number each, got ", tensors.size());
+  lp.num_layers = static_cast<int32_t>(layers);
+  p.num_tensors = static_cast<int32_t>(per_layer);
+  for (int64_t l = 0; l < layers; ++l) {
+    const int64_t shift = layer_offsets ? (*layer_offsets)[l] : 0;
+    TORCH_CHECK_VALUE(shift >= 0 && shift <= p.buffer_bytes, op, ": layer_offsets[", l, "] must lie in the ",
+                      p.buffer_bytes, "-byte buffer, got ", shift);
+    lp.layer_offset[l] = shift;
+  }
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
+    const int64_t layer = static_cast<int64_t>(i) / per_layer, k = static_cast<int64_t>(i) % per_layer;
     const std::string name = std::string(tensors_name) + "[" + std::to_string(i) + "]";
     c.same_device(t, name.c_str());
     TORCH_CHECK_VALUE(t.dim() == 2 && t.size(1) > 0 && (t.size(1) == 1 || t.stride(1) == 1) &&
@@ -455,26 +475,39 @@ kernels::RowTransferParams check_transfer(const char* op, c10::DeviceType device
                       op, ": ", name,
                       " must be a 2-D [rows, width > 0] tensor whose rows are contiguous and do not overlap, got ",
                       t.sizes(), " with strides ", t.strides());
-    p.tensors[i] = static_cast<uint8_t*>(t.data_ptr());
-    p.row_bytes[i] = t.size(1) * static_cast<int64_t>(t.element_size());
-    p.row_stride[i] = t.stride(0) * static_cast<int64_t>(t.element_size());
-    p.tensor_rows[i] = t.size(0);
+    const int64_t row_bytes = t.size(1) * static_cast<int64_t>(t.element_size());
+    const int64_t row_stride = t.stride(0) * static_cast<int64_t>(t.element_size());
+    if (layer == 0) {
+      p.tensors[k] = static_cast<uint8_t*>(t.data_ptr());
+      p.row_bytes[k] = row_bytes;
+      p.row_stride[k] = row_stride;
+      p.tensor_rows[k] = t.size(0);
+    } else {
+      TORCH_CHECK_VALUE(row_bytes == p.row_bytes[k] && row_stride == p.row_stride[k] && t.size(0) == p.tensor_rows[k],
+                        op, ": ", name, " (layer ", layer, ") must have the row bytes, row stride and rows of ",
+                        tensors_name, "[", k, "] (", p.row_bytes[k], ", ", p.row_stride[k], ", ", p.tensor_rows[k],
+                        "), got (", row_bytes, ", ", row_stride, ", ", t.size(0), ")");
+    }
+    lp.tensors[layer][k] = static_cast<uint8_t*>(t.data_ptr());
   }
   p.to_buffer = to_buffer;
-  if (device_type == c10::DeviceType::CPU) check_host_runs(op, p);
-  return p;
+  // The layers' runs write the same rows of each layer's targets: targets sharing memory would lose a layer's bytes.
+  if (!to_buffer && layers > 1) check_disjoint_tensors(op, tensors_name, lp);
+  if (device_type == c10::DeviceType::CPU) check_host_runs(op, lp);
+  return lp;
 }
 
 }  // namespace
 
-kernels::RowTransferParams check(c10::DeviceType device_type, const GatherRows::Args& a) {
+kernels::LayerRowTransferParams check(c10::DeviceType device_type, const GatherRows::Args& a) {
   UKV_GATHER_ROWS_ARGS(UKV_OP_ARG_BIND)
-  return check_transfer("gather_rows", device_type, sources, "sources", runs, run_count, buffer, true);
+  return check_transfer("gather_rows", device_type, sources, "sources", runs, run_count, buffer, layer_offsets, true);
 }
 
-kernels::RowTransferParams check(c10::DeviceType device_type, const ScatterRows::Args& a) {
+kernels::LayerRowTransferParams check(c10::DeviceType device_type, const ScatterRows::Args& a) {
   UKV_SCATTER_ROWS_ARGS(UKV_OP_ARG_BIND)
-  return check_transfer("scatter_rows", device_type, targets, "targets", runs, run_count, buffer, false);
+  return check_transfer("scatter_rows", device_type, targets, "targets", runs, run_count, buffer, layer_offsets,
+                        false);
 }
 
 }  // namespace ukv::ops

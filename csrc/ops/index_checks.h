@@ -27,7 +27,7 @@ kernels::DecodeMetadataParams check(c10::DeviceType device_type, const DecodeInd
 kernels::PrefillMetadataParams check(c10::DeviceType device_type, const PrefillIndexMetadata::Args& a);
 kernels::SwaSlotMappingParams check(c10::DeviceType device_type, const SwaSlotMapping::Args& a);
 kernels::RowCopyParams check(c10::DeviceType device_type, const ApplyRowCopies::Args& a);
-kernels::RowTransferParams check(c10::DeviceType device_type, const GatherRows::Args& a);
-kernels::RowTransferParams check(c10::DeviceType device_type, const ScatterRows::Args& a);
+kernels::LayerRowTransferParams check(c10::DeviceType device_type, const GatherRows::Args& a);
+kernels::LayerRowTransferParams check(c10::DeviceType device_type, const ScatterRows::Args& a);
 
 }  // namespace ukv::ops

@@ -59,10 +59,14 @@ UKV_DESCRIBE_OP(SwaSlotMapping, "swa_slot_mapping", UKV_SWA_SLOT_MAPPING_ARGS)
 #define UKV_APPLY_ROW_COPIES_ARGS(X) X(OutListA, planes, "") X(In, copies, "") X(In, copy_counts, "")
 UKV_DESCRIBE_OP(ApplyRowCopies, "apply_row_copies", UKV_APPLY_ROW_COPIES_ARGS)
 
-#define UKV_GATHER_ROWS_ARGS(X) X(InList, sources, "") X(In, runs, "") X(In, run_count, "") X(OutA, buffer, "")
+#define UKV_GATHER_ROWS_ARGS(X)                                                                   \
+  X(InList, sources, "") X(In, runs, "") X(In, run_count, "") X(OutA, buffer, "")                 \
+  X(OptInts, layer_offsets, "None")
 UKV_DESCRIBE_OP(GatherRows, "gather_rows", UKV_GATHER_ROWS_ARGS)
 
-#define UKV_SCATTER_ROWS_ARGS(X) X(OutListA, targets, "") X(In, runs, "") X(In, run_count, "") X(In, buffer, "")
+#define UKV_SCATTER_ROWS_ARGS(X)                                                                  \
+  X(OutListA, targets, "") X(In, runs, "") X(In, run_count, "") X(In, buffer, "")                 \
+  X(OptInts, layer_offsets, "None")
 UKV_DESCRIBE_OP(ScatterRows, "scatter_rows", UKV_SCATTER_ROWS_ARGS)
 
 }  // namespace ukv::ops

@@ -133,14 +133,17 @@ struct CpuBackend {
     }
   }
 
-  // Runs write disjoint bytes: in parallel, row by row (tensor rows may be strided).
-  static void run(const RowTransferParams& p, const at::Tensor&) {
-    at::parallel_for(0, run_count(p), 1, [&](int64_t begin, int64_t end) {
+  // Runs write disjoint bytes: in parallel, every layer's runs, row by row (tensor rows may be strided).
+  static void run(const LayerRowTransferParams& lp, const at::Tensor&) {
+    const RowTransferParams& p = lp.rows;
+    const int64_t n = run_count(p);
+    at::parallel_for(0, n * lp.num_layers, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        const RowRun r = row_run(p, static_cast<int32_t>(i));
+        const int64_t layer = i / n;
+        const RowRun r = row_run(p, static_cast<int32_t>(i - layer * n), lp.layer_offset[layer]);
         const int64_t row_bytes = p.row_bytes[r.tensor], stride = p.row_stride[r.tensor];
         for (int64_t row = 0; row < r.rows; ++row) {
-          uint8_t* tensor_row = p.tensors[r.tensor] + (r.first_row + row) * stride;
+          uint8_t* tensor_row = lp.tensors[layer][r.tensor] + (r.first_row + row) * stride;
           uint8_t* packed = p.buffer + r.offset + row * row_bytes;
           if (p.to_buffer)
             std::memcpy(packed, tensor_row, static_cast<size_t>(row_bytes));

@@ -23,7 +23,7 @@ gpu::Error launch(const DecodeMetadataParams& p, gpu::Stream s) { return launch_
 gpu::Error launch(const PrefillMetadataParams& p, gpu::Stream s) { return launch_prefill_index_metadata(p, s); }
 gpu::Error launch(const SwaSlotMappingParams& p, gpu::Stream s) { return launch_swa_slot_mapping(p, s); }
 gpu::Error launch(const RowCopyParams& p, gpu::Stream s) { return launch_apply_row_copies(p, s); }
-gpu::Error launch(const RowTransferParams& p, gpu::Stream s) { return launch_transfer_rows(p, s); }
+gpu::Error launch(const LayerRowTransferParams& p, gpu::Stream s) { return launch_transfer_rows(p, s); }
 
 struct CudaBackend {
   static constexpr c10::DeviceType kDeviceType = c10::DeviceType::CUDA;

@@ -130,22 +130,26 @@ def _apply_row_copies(planes, copies, copy_counts):
         torch._check(plane.shape[0] == planes[0].shape[0], lambda: "every plane must have the same rows")
 
 
-def _check_transfer(tensors, runs, run_count, buffer):
+def _check_transfer(tensors, runs, run_count, buffer, layer_offsets):
     torch._check(runs.dim() == 2 and runs.shape[1] == 4, lambda: "runs must be [max_runs, 4]")
     torch._check(run_count.dim() == 1 and run_count.shape[0] == 1, lambda: "run_count must have 1 element")
     torch._check(buffer.dim() == 1, lambda: "buffer must be 1-D")
+    layers = 1 if layer_offsets is None else len(layer_offsets)
+    torch._check(1 <= layers <= 64, lambda: "layer_offsets must hold 1 to 64 offsets")
+    torch._check(len(tensors) % layers == 0 and len(tensors) // layers <= 4,
+                 lambda: "the tensors must be at most 4 a layer, the same number each")
     for t in tensors:
         torch._check(t.dim() == 2, lambda: "every tensor must be 2-D [rows, width]")
 
 
 @_register_fake("gather_rows")
-def _gather_rows(sources, runs, run_count, buffer):
-    _check_transfer(sources, runs, run_count, buffer)
+def _gather_rows(sources, runs, run_count, buffer, *, layer_offsets=None):
+    _check_transfer(sources, runs, run_count, buffer, layer_offsets)
 
 
 @_register_fake("scatter_rows")
-def _scatter_rows(targets, runs, run_count, buffer):
-    _check_transfer(targets, runs, run_count, buffer)
+def _scatter_rows(targets, runs, run_count, buffer, *, layer_offsets=None):
+    _check_transfer(targets, runs, run_count, buffer, layer_offsets)
 
 
 def _check_objects(buffer, objects):

@@ -49,6 +49,7 @@ HEADER_BYTES = 64
 CSA_RATIO = 4
 _MAGIC, _VERSION = b"UKVT", 2
 _FIXED = struct.Struct("<4sBBHQ")  # magic, version, kind, 0, payload bytes
+_LAYERS_PER_CALL = 64  # gather_rows / scatter_rows take at most this many layers a call
 
 
 class _Layer(NamedTuple):
@@ -67,7 +68,8 @@ class ObjectLayout:
     ``kv=None`` the layout only knows sizes, from the plan's model (capacity
     studies). The layers' tensors are read and written with
     :func:`ukv_torch.gather_rows` / :func:`ukv_torch.scatter_rows`, one call
-    per layer on the current stream.
+    per compress ratio (its layers through ``layer_offsets``) on the current
+    stream.
 
     With ``kv=None`` the layout knows sizes only, from the plan's model: it
     copies nothing, and an object is sound when its size is right (capacity
@@ -92,6 +94,9 @@ class ObjectLayout:
                 self._offsets[kind].append(sizes[kind])
                 sizes[kind] += self._layer_bytes(kind, layer)
         self.payload_bytes = sizes
+        # The layers of each kind's objects by compress ratio (alike in shape: one copy call each).
+        self._groups = {kind: self._by_ratio([i for i, l in enumerate(self.layers) if kind == TAIL or l.ratio])
+                        for kind in (BLOCK, TAIL)}
         self.device = None if kv is None else self.layers[0].planes[0].device
         # The header's first two words per kind (magic, version, kind; payload bytes).
         self._fixed_words = np.frombuffer(b"".join(_FIXED.pack(_MAGIC, _VERSION, kind, 0, sizes[kind])
@@ -114,6 +119,16 @@ class ObjectLayout:
         indexer = None if indexer is None else indexer.flatten(1)
         return _Layer(ratio, planes, [t.shape[1] * t.element_size() for t in planes], indexer,
                       0 if indexer is None else indexer.shape[1])
+
+    def _by_ratio(self, indices: List[int]):
+        """[(ratio, [layer index, ...]), ...]: the layers of a ratio whose tensors are alike
+        (rows, row bytes and stride: a static layout's layers differ in rows)."""
+        groups = {}
+        for i in indices:
+            layer = self.layers[i]
+            shapes = tuple((t.shape, t.stride(), t.element_size()) for t in self._sources(layer) if t is not None)
+            groups.setdefault((layer.ratio, shapes), []).append(i)
+        return [(ratio, group) for (ratio, _), group in groups.items()]
 
     @staticmethod
     def _plane_kind(plane: Optional[torch.Tensor], row_bytes: int):
@@ -173,21 +188,28 @@ class ObjectLayout:
         self._copy(scatter_rows, kind, where, buffer, offsets)
 
     def _copy(self, op, kind: int, where: torch.Tensor, buffer: torch.Tensor, offsets: Sequence[int]) -> None:
+        """One call per compress ratio (per group of alike layers of it, at most 64): the
+        layers of a ratio share their runs, each layer's bytes at its offset in the objects."""
         if self.device is None:
             return
         base = np.asarray(offsets, dtype=np.int64) + HEADER_BYTES
         where = where.numpy().astype(np.int64)
-        per_class = {}
-        for layer, layer_offset in zip(self.layers, self._offsets[kind]):
-            if kind == BLOCK and not layer.ratio:
-                continue
-            if layer.ratio not in per_class:
-                runs = torch.from_numpy(self._block_runs(layer, where, base) if kind == BLOCK
-                                        else self._tail_runs(layer, where, base))
-                per_class[layer.ratio] = (self._upload(runs), self._upload(torch.tensor([len(runs)], dtype=torch.int32)))
-            runs, count = per_class[layer.ratio]
-            sources = layer.planes + ([layer.indexer] if layer.indexer is not None else [])
-            op(sources, runs, count, buffer[layer_offset:])
+        per_ratio = {}
+        for ratio, group in self._groups[kind]:
+            if ratio not in per_ratio:
+                first = self.layers[group[0]]
+                runs = torch.from_numpy(self._block_runs(first, where, base) if kind == BLOCK
+                                        else self._tail_runs(first, where, base))
+                per_ratio[ratio] = (self._upload(runs), self._upload(torch.tensor([len(runs)], dtype=torch.int32)))
+            runs, count = per_ratio[ratio]
+            for at in range(0, len(group), _LAYERS_PER_CALL):
+                layers = group[at: at + _LAYERS_PER_CALL]
+                op([t for i in layers for t in self._sources(self.layers[i])], runs, count, buffer,
+                   layer_offsets=[self._offsets[kind][i] for i in layers])
+
+    @staticmethod
+    def _sources(layer: _Layer) -> List[torch.Tensor]:
+        return layer.planes + ([layer.indexer] if layer.indexer is not None else [])
 
     def _upload(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor on the KV's device, through pinned memory: a copy from pageable

@@ -1,0 +1,262 @@
+"""gather_rows and scatter_rows with layer_offsets: the same runs over several
+layers' tensors in one call, against a per-layer reference (each layer's
+runs at its offset); the layers' shapes, offsets and counts checked by name
+with nothing written; runs outside a layer's part of the buffer, and writes
+that collide across layers, refused on the host and skipped on the GPU;
+targets that share memory refused; graph capture and opcheck."""
+import random
+
+import pytest
+import torch
+
+import ukv_torch
+from support.devices import DEVICES
+
+
+def make_layers(device, layers, rows=40, seed=0):
+    """Per layer an fp32 plane, a bf16 plane and an indexer-like strided uint8 view, all layers alike."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(layers):
+        wide = torch.randn(rows, 5, generator=g)
+        narrow = torch.randn(rows, 3, generator=g).to(torch.bfloat16)
+        indexer = torch.randint(0, 255, (rows // 2, 20), dtype=torch.uint8, generator=g)[:, :12]
+        out.append([wide.to(device), narrow.to(device),
+                    indexer.to(device) if device == "cpu" else
+                    torch.zeros(rows // 2, 20, dtype=torch.uint8, device=device)[:, :12].copy_(indexer)])
+    return out
+
+
+def row_bytes(t):
+    return t.shape[1] * t.element_size()
+
+
+def random_runs(rng, tensors, max_runs):
+    """Runs over disjoint rows of one layer's tensors, packed at shuffled offsets; returns (runs, bytes)."""
+    runs, used = [], [set() for _ in tensors]
+    for _ in range(max_runs):
+        i = rng.randrange(len(tensors))
+        rows = rng.randint(1, 4)
+        first = rng.randrange(tensors[i].shape[0] - rows + 1)
+        if used[i] & set(range(first, first + rows)):
+            continue
+        used[i] |= set(range(first, first + rows))
+        runs.append([i, first, rows, 0])
+    order = list(range(len(runs)))
+    rng.shuffle(order)
+    offset = 0
+    for j in order:
+        runs[j][3] = offset
+        offset += runs[j][2] * row_bytes(tensors[runs[j][0]]) + rng.randrange(3)
+    return runs, offset
+
+
+def packed(t, first, rows):
+    return t[first: first + rows].contiguous().view(torch.uint8).flatten().cpu()
+
+
+def reference_gather(layers, runs, offsets, nbytes, fill=7):
+    """Layer by layer, each layer's runs into the buffer at its offset."""
+    buffer = torch.full((nbytes,), fill, dtype=torch.uint8)
+    for tensors, shift in zip(layers, offsets):
+        for tensor, first, rows, offset in runs:
+            n = rows * row_bytes(tensors[tensor])
+            buffer[shift + offset: shift + offset + n] = packed(tensors[tensor], first, rows)
+    return buffer
+
+
+def run_tensors(runs, count, device):
+    return (torch.tensor(runs, dtype=torch.int64).view(-1, 4).to(device),
+            torch.tensor([count], dtype=torch.int32).to(device))
+
+
+def flat(layers):
+    return [t for tensors in layers for t in tensors]
+
+
+def zeros_like_layers(layers):
+    return [[torch.zeros_like(t) if t.is_contiguous() else
+             torch.zeros(t.shape[0], 20, dtype=t.dtype, device=t.device)[:, :12] for t in tensors]
+            for tensors in layers]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_layers", [1, 2, 7])
+@pytest.mark.parametrize("seed", range(3))
+def test_layers_gather_and_scatter_like_one_call_per_layer(device, num_layers, seed):
+    rng = random.Random(seed)
+    layers = make_layers(device, num_layers, seed=seed)
+    runs, span = random_runs(rng, layers[0], 20)
+    offsets = [0]
+    for _ in range(num_layers - 1):
+        offsets.append(offsets[-1] + span + rng.randrange(5))  # gaps between the layers stay untouched
+    nbytes = offsets[-1] + span + 3
+    buffer = torch.full((nbytes,), 7, dtype=torch.uint8, device=device)
+    ukv_torch.gather_rows(flat(layers), *run_tensors(runs, len(runs), device), buffer, layer_offsets=offsets)
+    cpu_layers = [[t.cpu() for t in tensors] for tensors in layers]
+    assert torch.equal(buffer.cpu(), reference_gather(cpu_layers, runs, offsets, nbytes))
+
+    targets = zeros_like_layers(layers)
+    ukv_torch.scatter_rows(flat(targets), *run_tensors(runs, len(runs), device), buffer, layer_offsets=offsets)
+    for l, (tensors, written) in enumerate(zip(cpu_layers, targets)):
+        for i, t in enumerate(tensors):
+            rows = {r for k, first, n, _ in runs if k == i for r in range(first, first + n)}
+            for r in range(t.shape[0]):
+                want = t[r] if r in rows else torch.zeros_like(t[r])
+                assert torch.equal(written[i][r].cpu(), want), (l, i, r)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layer_offsets_none_is_one_layer_at_zero(device):
+    layers = make_layers(device, 1)
+    runs, nbytes = random_runs(random.Random(5), layers[0], 12)
+    a = torch.full((nbytes,), 7, dtype=torch.uint8, device=device)
+    b = a.clone()
+    ukv_torch.gather_rows(layers[0], *run_tensors(runs, len(runs), device), a)
+    ukv_torch.gather_rows(layers[0], *run_tensors(runs, len(runs), device), b, layer_offsets=[0])
+    assert torch.equal(a, b)
+
+
+def _args(layers=3, runs=((0, 0, 2, 0), (1, 3, 1, 40)), offsets=(0, 60, 120), nbytes=200):
+    """Valid CPU arguments: three layers, two runs of 40 and 6 bytes each."""
+    return dict(tensors=flat(make_layers("cpu", layers)), runs=[list(r) for r in runs], offsets=list(offsets),
+                buffer=torch.full((nbytes,), 7, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("op", ["gather_rows", "scatter_rows"])
+@pytest.mark.parametrize("change, fragment", [
+    (dict(offsets=[]), r"layer_offsets must hold 1 to 64 offsets"),
+    (dict(offsets=list(range(0, 65 * 2, 2)), nbytes=4000), r"layer_offsets must hold 1 to 64 offsets"),
+    (dict(offsets=[0, 60]), r"must hold at most 4 tensors for each of the 2 layers, the same number each, got 9"),
+    (dict(offsets=[0, 60, 201]), r"layer_offsets\[2\] must lie in the 200-byte buffer, got 201"),
+    (dict(offsets=[0, -1, 60]), r"layer_offsets\[1\] must lie in the 200-byte buffer, got -1"),
+    (dict(offsets=[0, 60, 170]), r"runs\[0\] = \(0, 0, 2, 0\) must name .* \(in layer 2, at its layer offset 170\)"),
+])
+def test_bad_layers_are_refused_by_name_with_nothing_written(op, change, fragment):
+    a = _args(nbytes=change.get("nbytes", 200))
+    a["offsets"] = change["offsets"]
+    before = [t.clone() for t in a["tensors"]]
+    with pytest.raises(ValueError, match=rf"{op}: .*{fragment}"):
+        getattr(ukv_torch, op)(a["tensors"], *run_tensors(a["runs"], 2, "cpu"), a["buffer"],
+                               layer_offsets=a["offsets"])
+    assert a["buffer"].tolist() == [7] * a["buffer"].numel()
+    assert all(torch.equal(x, y) for x, y in zip(a["tensors"], before))
+
+
+def test_layers_gathering_into_the_same_bytes_are_refused():
+    """Layer 1's first run (30-70) lands on layer 0's (0-40): one layer's bytes would be lost."""
+    a = _args(offsets=(0, 30, 120))
+    with pytest.raises(ValueError, match=r"gather_rows: runs\[0\] of layer 0 and runs\[0\] of layer 1 write the "
+                                         r"same buffer bytes"):
+        ukv_torch.gather_rows(a["tensors"], *run_tensors(a["runs"], 2, "cpu"), a["buffer"], layer_offsets=a["offsets"])
+    assert a["buffer"].tolist() == [7] * 200
+    # Scattering reads those bytes for both layers, into each layer's own rows: allowed.
+    targets = flat(zeros_like_layers(make_layers("cpu", 3)))
+    ukv_torch.scatter_rows(targets, *run_tensors(a["runs"], 2, "cpu"), a["buffer"], layer_offsets=a["offsets"])
+    assert torch.equal(targets[3][0:2].contiguous().view(torch.uint8).flatten(), a["buffer"][30:70])
+
+
+@pytest.mark.parametrize("op", ["gather_rows", "scatter_rows"])
+def test_a_layer_shaped_unlike_layer_0_is_refused(op):
+    a = _args()
+    a["tensors"][4] = torch.zeros(40, 4).to(torch.bfloat16)  # layer 1's bf16 plane, 8 bytes a row instead of 6
+    with pytest.raises(ValueError, match=rf"{op}: .*\[4\] \(layer 1\) must have the row bytes, row stride and rows "
+                                         r"of .*\[1\] \(6, 6, 40\), got \(8, 8, 40\)"):
+        getattr(ukv_torch, op)(a["tensors"], *run_tensors(a["runs"], 2, "cpu"), a["buffer"],
+                               layer_offsets=a["offsets"])
+    assert a["buffer"].tolist() == [7] * 200
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scatter_targets_that_share_memory_are_refused(device):
+    """Every layer's runs write the same rows: a tensor given for two layers would keep one layer's bytes."""
+    layers = make_layers(device, 2)
+    layers[1][0] = layers[0][0]
+    buffer = torch.full((200,), 7, dtype=torch.uint8, device=device)
+    before = [t.clone() for t in flat(layers)]
+    with pytest.raises(ValueError, match=r"scatter_rows: targets\[0\] and targets\[3\] share memory"):
+        ukv_torch.scatter_rows(flat(layers), *run_tensors([[0, 0, 1, 0]], 1, device), buffer, layer_offsets=[0, 100])
+    assert all(torch.equal(x, y) for x, y in zip(flat(layers), before))
+    # Gathering reads them: allowed, and both layers give the same bytes.
+    ukv_torch.gather_rows(flat(layers), *run_tensors([[0, 0, 1, 0]], 1, device), buffer, layer_offsets=[0, 100])
+    assert torch.equal(buffer[:20], buffer[100:120])
+
+
+@pytest.mark.gpu
+def test_gpu_runs_past_a_layers_part_of_the_buffer_are_skipped_for_that_layer():
+    """On the device the runs are not read by the host: a run that fits layer 0's offset but not
+    layer 2's is copied for layers 0 and 1 only."""
+    layers = make_layers("cuda", 3)
+    runs = [[0, 0, 2, 0], [1, 3, 1, 40]]  # 40 and 6 bytes
+    offsets = [0, 60, 120]
+    buffer = torch.full((160,), 7, dtype=torch.uint8, device="cuda")  # layer 2's first run (120-160) fits, its second (160-166) not
+    ukv_torch.gather_rows(flat(layers), *run_tensors(runs, 2, "cuda"), buffer, layer_offsets=offsets)
+    cpu_layers = [[t.cpu() for t in tensors] for tensors in layers]
+    want = reference_gather(cpu_layers, runs[:1], offsets, 160)
+    want[40:46] = packed(cpu_layers[0][1], 3, 1)
+    want[100:106] = packed(cpu_layers[1][1], 3, 1)
+    assert torch.equal(buffer.cpu(), want)
+
+
+@pytest.mark.gpu
+def test_gpu_layers_match_calls_per_layer_over_many_runs_and_allocate_nothing():
+    rng = random.Random(3)
+    layers = make_layers("cuda", 40, rows=600)
+    runs, span = random_runs(rng, layers[0], 300)
+    offsets = [l * span for l in range(40)]
+    runs_t, count = run_tensors(runs, len(runs), "cuda")
+    one = torch.full((40 * span,), 7, dtype=torch.uint8, device="cuda")
+    per_layer = one.clone()
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
+    ukv_torch.gather_rows(flat(layers), runs_t, count, one, layer_offsets=offsets)
+    assert torch.cuda.memory_allocated() == allocated
+    for tensors, shift in zip(layers, offsets):
+        ukv_torch.gather_rows(tensors, runs_t, count, per_layer[shift:])
+    assert torch.equal(one, per_layer)
+    targets = zeros_like_layers(layers)
+    ukv_torch.scatter_rows(flat(targets), runs_t, count, one, layer_offsets=offsets)
+    for tensors, written in zip(layers, targets):
+        for k, first, n, _ in runs:
+            assert torch.equal(written[k][first: first + n], tensors[k][first: first + n])
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replays_of_a_layered_gather_read_new_runs():
+    layers = make_layers("cuda", 4, rows=200)
+    runs, span = random_runs(random.Random(0), layers[0], 40)
+    offsets = [l * 2 * span for l in range(4)]
+    runs_t = torch.zeros(64, 4, dtype=torch.int64, device="cuda")
+    count = torch.zeros(1, dtype=torch.int32, device="cuda")
+    buffer = torch.zeros(8 * span, dtype=torch.uint8, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ukv_torch.gather_rows(flat(layers), runs_t, count, buffer, layer_offsets=offsets)
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        ukv_torch.gather_rows(flat(layers), runs_t, count, buffer, layer_offsets=offsets)
+    cpu_layers = [[t.cpu() for t in tensors] for tensors in layers]
+    for seed in range(1, 4):
+        runs, _ = random_runs(random.Random(seed), layers[0], 40)
+        runs = [r for r in runs if r[3] + r[2] * 20 <= span][:64]
+        runs_t.zero_()
+        runs_t[:len(runs)] = torch.tensor(runs, dtype=torch.int64)
+        count.fill_(len(runs))
+        buffer.fill_(7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(buffer.cpu(), reference_gather(cpu_layers, runs, offsets, buffer.numel())), seed
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["gather_rows", "scatter_rows"])
+def test_opcheck_with_layers(device, op):
+    layers = make_layers(device, 2)
+    runs, span = random_runs(random.Random(2), layers[0], 6)
+    buffer = torch.full((2 * span,), 7, dtype=torch.uint8, device=device)
+    tensors = flat(layers if op == "gather_rows" else zeros_like_layers(layers))
+    torch.library.opcheck(getattr(torch.ops.ukv, op).default,
+                          (tensors, *run_tensors(runs, len(runs), device), buffer),
+                          {"layer_offsets": [0, span]})
