@@ -215,7 +215,7 @@ gpu::Error launch_apply_row_copies(const RowCopyParams& p, gpu::Stream stream) {
 
 gpu::Error launch_transfer_rows(const LayerRowTransferParams& p, gpu::Stream stream) {
   if (p.rows.max_runs == 0 || p.rows.num_tensors == 0 || p.num_layers == 0) return gpu::kSuccess;
-  if (p.num_layers == 1)  // the smaller parameter block
+  if (p.num_layers == 1)  // the smaller parameter block (the host folded the layer's offset into the buffer)
     return gpu::launch(transfer_rows_kernel<kCopyThreads>, copy_grid(), kCopyThreads, stream, p.rows);
   return gpu::launch(transfer_layer_rows_kernel<kCopyThreads>, copy_grid(), kCopyThreads, stream, p);
 }

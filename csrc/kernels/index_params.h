@@ -197,7 +197,7 @@ struct RowTransferParams {
 constexpr int32_t kMaxLayers = 64;
 struct LayerRowTransferParams {
   RowTransferParams rows;  // the runs, the buffer, the tensors' shapes, layer 0's tensors
-  int32_t num_layers;      // 1: `rows` alone
+  int32_t num_layers;      // 1: `rows` alone, its buffer starting at the layer's offset
   uint8_t* tensors[kMaxLayers][kMaxPlanes];
   int64_t layer_offset[kMaxLayers];
 };

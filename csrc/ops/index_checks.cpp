@@ -494,6 +494,11 @@ kernels::LayerRowTransferParams check_transfer(const char* op, c10::DeviceType d
   // The layers' runs write the same rows of each layer's targets: targets sharing memory would lose a layer's bytes.
   if (!to_buffer && layers > 1) check_disjoint_tensors(op, tensors_name, lp);
   if (device_type == c10::DeviceType::CPU) check_host_runs(op, lp);
+  if (layers == 1) {  // one layer at an offset is the buffer from there: the one-layer kernel has no offsets
+    p.buffer += lp.layer_offset[0];
+    p.buffer_bytes -= lp.layer_offset[0];
+    lp.layer_offset[0] = 0;
+  }
   return lp;
 }
 

@@ -87,7 +87,7 @@ def test_layers_gather_and_scatter_like_one_call_per_layer(device, num_layers, s
     rng = random.Random(seed)
     layers = make_layers(device, num_layers, seed=seed)
     runs, span = random_runs(rng, layers[0], 20)
-    offsets = [0]
+    offsets = [rng.randrange(1, 40)]  # layer 0 at an offset too: a single layer's offset is honoured
     for _ in range(num_layers - 1):
         offsets.append(offsets[-1] + span + rng.randrange(5))  # gaps between the layers stay untouched
     nbytes = offsets[-1] + span + 3
@@ -104,6 +104,21 @@ def test_layers_gather_and_scatter_like_one_call_per_layer(device, num_layers, s
             for r in range(t.shape[0]):
                 want = t[r] if r in rows else torch.zeros_like(t[r])
                 assert torch.equal(written[i][r].cpu(), want), (l, i, r)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["gather_rows", "scatter_rows"])
+def test_one_layer_at_an_offset_is_the_call_on_the_buffer_from_there(device, op):
+    """What the tier objects do for a layer alone of its shape: its offset must not be dropped."""
+    layers = make_layers(device, 1)
+    runs, nbytes = random_runs(random.Random(9), layers[0], 12)
+    buffer = torch.randint(0, 256, (nbytes + 48,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)).to(device)
+    tensors = layers[0] if op == "gather_rows" else zeros_like_layers(layers)[0]
+    twin_buffer, twin_tensors = buffer.clone(), [t.clone() for t in tensors]
+    getattr(ukv_torch, op)(tensors, *run_tensors(runs, len(runs), device), buffer, layer_offsets=[48])
+    getattr(ukv_torch, op)(twin_tensors, *run_tensors(runs, len(runs), device), twin_buffer[48:])
+    assert torch.equal(buffer, twin_buffer)
+    assert all(torch.equal(a, b) for a, b in zip(tensors, twin_tensors))
 
 
 @pytest.mark.parametrize("device", DEVICES)
