@@ -2,6 +2,7 @@
 (truncated, wrapped) or refused with a message that named nothing: each now a
 TypeError or ValueError naming the argument, nothing changed."""
 import pytest
+import torch
 
 import ukv_torch
 from support.transfer_pools import Pool, prefilled
@@ -72,3 +73,25 @@ def test_swa_page_hashes_of_values_past_64_bits_are_refused(hashes, exc, fragmen
     """2^64 + 5 was read as 5."""
     with pytest.raises(exc, match=fragment):
         ukv_torch.swa_page_hashes(hashes, 4)
+
+
+@pytest.mark.parametrize("bad, exc, fragment", [
+    (1.0, TypeError, r"^tokens must hold ints, got float 1\.0"),
+    (True, TypeError, r"^tokens must hold ints, got bool"),
+    (2**64, ValueError, r"^tokens values must be in \[-9223372036854775808, 9223372036854775807\], got 18446744073709551616"),
+    (-(2**63) - 1, ValueError, r"^tokens values must be in \[-9223372036854775808, 9223372036854775807\]")])
+def test_one_bad_value_in_a_long_prompt_list_is_named(bad, exc, fragment):
+    """A prompt list is converted at C speed: one bad value among 100K is still refused by name, nothing admitted."""
+    pool = Pool("row_space")
+    before = state(pool.mgr)
+    tokens = list(range(100_000))
+    tokens[77_777] = bad
+    with pytest.raises(exc, match=fragment):
+        pool.mgr.allocate(1, tokens)
+    assert state(pool.mgr) == before
+
+
+def test_a_long_prompt_list_converts_exactly():
+    from ukv_torch.manager.kv_manager import token_tensor
+    tokens = [0, 2**63 - 1, -(2**63), 5] + list(range(100_000))
+    assert token_tensor(tokens).tolist() == tokens and token_tensor(tokens).dtype == torch.int64
