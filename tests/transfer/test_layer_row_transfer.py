@@ -11,6 +11,7 @@ import torch
 
 import ukv_torch
 from support.devices import DEVICES
+from support.row_runs import random_runs, row_bytes, run_tensors
 
 
 def make_layers(device, layers, rows=40, seed=0):
@@ -27,30 +28,6 @@ def make_layers(device, layers, rows=40, seed=0):
     return out
 
 
-def row_bytes(t):
-    return t.shape[1] * t.element_size()
-
-
-def random_runs(rng, tensors, max_runs):
-    """Runs over disjoint rows of one layer's tensors, packed at shuffled offsets; returns (runs, bytes)."""
-    runs, used = [], [set() for _ in tensors]
-    for _ in range(max_runs):
-        i = rng.randrange(len(tensors))
-        rows = rng.randint(1, 4)
-        first = rng.randrange(tensors[i].shape[0] - rows + 1)
-        if used[i] & set(range(first, first + rows)):
-            continue
-        used[i] |= set(range(first, first + rows))
-        runs.append([i, first, rows, 0])
-    order = list(range(len(runs)))
-    rng.shuffle(order)
-    offset = 0
-    for j in order:
-        runs[j][3] = offset
-        offset += runs[j][2] * row_bytes(tensors[runs[j][0]]) + rng.randrange(3)
-    return runs, offset
-
-
 def packed(t, first, rows):
     return t[first: first + rows].contiguous().view(torch.uint8).flatten().cpu()
 
@@ -63,11 +40,6 @@ def reference_gather(layers, runs, offsets, nbytes, fill=7):
             n = rows * row_bytes(tensors[tensor])
             buffer[shift + offset: shift + offset + n] = packed(tensors[tensor], first, rows)
     return buffer
-
-
-def run_tensors(runs, count, device):
-    return (torch.tensor(runs, dtype=torch.int64).view(-1, 4).to(device),
-            torch.tensor([count], dtype=torch.int32).to(device))
 
 
 def flat(layers):

@@ -12,6 +12,7 @@ import torch
 
 import ukv_torch
 from support.devices import DEVICES
+from support.row_runs import random_runs, row_bytes, run_tensors
 
 BACKENDS = ["aot_eager", "inductor"]
 
@@ -25,33 +26,9 @@ def make_tensors(device, rows=40):
     return [wide, narrow, indexer]
 
 
-def row_bytes(t):
-    return t.shape[1] * t.element_size()
-
-
 def tensor_rows(t, first, rows):
     """The rows' bytes, packed."""
     return t[first: first + rows].contiguous().view(torch.uint8).flatten().cpu()
-
-
-def random_runs(rng, tensors, max_runs):
-    """Runs over disjoint rows, packed one after the other at shuffled buffer offsets."""
-    runs, used = [], [set() for _ in tensors]
-    for _ in range(max_runs):
-        i = rng.randrange(len(tensors))
-        rows = rng.randint(1, 4)
-        first = rng.randrange(tensors[i].shape[0] - rows + 1)
-        if used[i] & set(range(first, first + rows)):
-            continue
-        used[i] |= set(range(first, first + rows))
-        runs.append([i, first, rows, 0])
-    order = list(range(len(runs)))
-    rng.shuffle(order)
-    offset = 0
-    for j in order:
-        runs[j][3] = offset
-        offset += runs[j][2] * row_bytes(tensors[runs[j][0]]) + rng.randrange(3)  # gaps stay untouched
-    return runs, offset
 
 
 def reference_gather(tensors, runs, count, nbytes, fill=7):
@@ -64,11 +41,6 @@ def reference_gather(tensors, runs, count, nbytes, fill=7):
         if inside:
             buffer[offset: offset + rows * row_bytes(t)] = tensor_rows(t, first, rows)
     return buffer
-
-
-def run_tensors(runs, count, device):
-    return (torch.tensor(runs, dtype=torch.int64).view(-1, 4).to(device),
-            torch.tensor([count], dtype=torch.int32).to(device))
 
 
 @pytest.mark.parametrize("device", DEVICES)
