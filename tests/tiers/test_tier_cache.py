@@ -296,3 +296,25 @@ def test_a_small_staging_saves_a_step_in_pieces_and_loads_what_it_holds():
     assert tier.contains([key_name(k) for k in keys] + [key_name(tail_key(k)) for k in keys]) == [True] * 20
     assert a.tiers.stats()["dropped_saves"] == 0
     assert b.tiers.admit(b.mgr, 3, p) == 8 * BS
+
+
+def test_a_load_ends_where_the_row_space_copy_list_has_room_and_its_rows_are_right():
+    """A step binds a prompt's loaded rows through its copy list's share for loads: with a
+    64-token step budget that is 14 of 15 blocks. The load ends at the manager's own bound
+    (its answer to can_allocate with the whole prefix loaded), its blocks' rows are the saved
+    ones, and the rest is prompt."""
+    tier = host()
+    a = TierEngine("row_space", [tier])
+    p = prompt(1, 15 * BS + 1)
+    assert a.prefill(0, p) == 0
+    b = TierEngine("row_space", [tier], seed=9, max_num_batched_tokens=64)
+    bound = b.mgr.can_allocate(p, loaded_tokens=15 * BS)
+    assert bound == 14 * BS  # the manager's formula (kv_manager_tiers.cpp, loadable) at this size
+    cached = b.tiers.admit(b.mgr, 3, p)
+    assert cached == bound and b.mgr.num_computed(3) == bound
+    assert b.tiers.stats()["loaded_blocks"] == 14
+    b.mgr.ensure_for_tokens([3], [64])
+    b.step_rows([3])
+    b.tiers.fill(b.mgr)
+    for block in range(14):  # (the saver's window has left the tail's positions: the tail is checked elsewhere)
+        assert b.block_bytes(3, block) == a.block_bytes(0, block), block

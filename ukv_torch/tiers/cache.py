@@ -299,14 +299,17 @@ class TierCache:
         last = min(last, first + (self.staging.size - self._tail_bytes) // self._block_bytes)  # it fits the staging
         if last <= first:
             return None
+        # The manager's bound on a load (the row space binds no more rows than its copy list has room for): the
+        # most of last * bs it would take, so no key past it is computed (a 128K-token prompt's keys cost 8 ms,
+        # of which a step binds a third) and no load ends past it.
+        last = min(last, mgr.can_allocate(tokens, salt=salt, loaded_tokens=last * bs) // bs)
+        if last <= first:
+            return None
         keys = chain_keys(root_key(self.layout.fingerprint, salt), tokens, bs, last)
         present = self._present([key_name(k) for k in keys[first:]])
         run = present.index(False) if False in present else len(present)
         tails = self._present([key_name(tail_key(k)) for k in keys[first: first + run]])
         ends = [first + 1 + i for i, t in enumerate(tails) if t]  # block boundaries a load may end at
-        if ends:
-            reach = mgr.can_allocate(tokens, salt=salt, loaded_tokens=ends[-1] * bs)
-            ends = [e for e in ends if e * bs <= reach]
         while ends:
             end = ends[-1]
             load, limit = self._fetch(keys, first, end)
