@@ -67,9 +67,10 @@ class ObjectLayout:
     per-layer ``kv`` tensors and optional ``rope`` and ``indexer`` lists); with
     ``kv=None`` the layout only knows sizes, from the plan's model (capacity
     studies). The layers' tensors are read and written with
-    :func:`ukv_torch.gather_rows` / :func:`ukv_torch.scatter_rows`, one call
-    per compress ratio (its layers through ``layer_offsets``) on the current
-    stream.
+    :func:`ukv_torch.gather_rows` / :func:`ukv_torch.scatter_rows` on the
+    current stream, one call per group of alike layers of a compress ratio
+    (through ``layer_offsets``; a row-space layer, whose rows differ from its
+    neighbours' by a few, is a call of its own).
 
     With ``kv=None`` the layout knows sizes only, from the plan's model: it
     copies nothing, and an object is sound when its size is right (capacity
