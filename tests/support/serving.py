@@ -87,7 +87,7 @@ class Serving:
         self.index = index_for(self.cpp)
         self.seqs = {}              # seq id -> dict(tokens, keys, target)
         self.waiting = collections.deque()
-        self.finished_tokens = []   # for repeats and multi-turn follow-ups
+        self.finished_tokens = []   # for repeats and a conversation's follow-up requests
         self.next_id = 0
         self.calls = 0
         self.never_fits = 0         # requests refused for good (and dropped)
@@ -229,7 +229,7 @@ class Serving:
             tokens = self.fresh(self.rng.randrange(2 * bs, 5 * bs))  # unique filler: forces eviction
         elif r < 0.7 and self.finished_tokens:
             tokens = list(self.rng.choice(self.finished_tokens))     # an exact repeat
-        elif r < 0.85 and self.finished_tokens:                      # the next turn of a conversation
+        elif r < 0.85 and self.finished_tokens:                      # a conversation's follow-up request
             tokens = list(self.rng.choice(self.finished_tokens)) + self.fresh(self.rng.randrange(1, bs))
         else:
             tokens = self.fresh(self.rng.randrange(1, bs))

@@ -60,6 +60,12 @@ class _Layer(NamedTuple):
     indexer_bytes: int
 
 
+class _CopyCall(NamedTuple):
+    first: _Layer                 # its first layer (the runs are its ratio's)
+    sources: List[torch.Tensor]   # every layer's tensors, layer after layer
+    layer_offsets: List[int]      # each layer's offset in an object's payload
+
+
 class ObjectLayout:
     """The byte format of a plan's tier objects, and the copies between the KV rows and them.
 
@@ -95,9 +101,7 @@ class ObjectLayout:
                 self._offsets[kind].append(sizes[kind])
                 sizes[kind] += self._layer_bytes(kind, layer)
         self.payload_bytes = sizes
-        # The layers of each kind's objects by compress ratio (alike in shape: one copy call each).
-        self._groups = {kind: self._by_ratio([i for i, l in enumerate(self.layers) if kind == TAIL or l.ratio])
-                        for kind in (BLOCK, TAIL)}
+        self._calls = {kind: self._copy_calls(kind) for kind in (BLOCK, TAIL)}
         self.device = None if kv is None else self.layers[0].planes[0].device
         # The header's first two words per kind (magic, version, kind; payload bytes).
         self._fixed_words = np.frombuffer(b"".join(_FIXED.pack(_MAGIC, _VERSION, kind, 0, sizes[kind])
@@ -121,15 +125,19 @@ class ObjectLayout:
         return _Layer(ratio, planes, [t.shape[1] * t.element_size() for t in planes], indexer,
                       0 if indexer is None else indexer.shape[1])
 
-    def _by_ratio(self, indices: List[int]):
-        """[(ratio, [layer index, ...]), ...]: the layers of a ratio whose tensors are alike
-        (rows, row bytes and stride: a static layout's layers differ in rows)."""
+    def _copy_calls(self, kind: int) -> List[_CopyCall]:
+        """The gather / scatter calls of a kind's objects: the layers of a compress ratio
+        whose tensors are alike (rows, row bytes and stride: a static layout's layers
+        differ in rows, the row space's by a few), at most _LAYERS_PER_CALL a call."""
         groups = {}
-        for i in indices:
-            layer = self.layers[i]
-            shapes = tuple((t.shape, t.stride(), t.element_size()) for t in self._sources(layer) if t is not None)
-            groups.setdefault((layer.ratio, shapes), []).append(i)
-        return [(ratio, group) for (ratio, _), group in groups.items()]
+        for i, layer in enumerate(self.layers):
+            if kind == TAIL or layer.ratio:
+                shapes = tuple((t.shape, t.stride(), t.element_size()) for t in self._sources(layer) if t is not None)
+                groups.setdefault((layer.ratio, shapes), []).append(i)
+        return [_CopyCall(self.layers[group[at]], [t for i in group[at: at + _LAYERS_PER_CALL]
+                                                   for t in self._sources(self.layers[i])],
+                          [self._offsets[kind][i] for i in group[at: at + _LAYERS_PER_CALL]])
+                for group in groups.values() for at in range(0, len(group), _LAYERS_PER_CALL)]
 
     @staticmethod
     def _plane_kind(plane: Optional[torch.Tensor], row_bytes: int):
@@ -189,24 +197,20 @@ class ObjectLayout:
         self._copy(scatter_rows, kind, where, buffer, offsets)
 
     def _copy(self, op, kind: int, where: torch.Tensor, buffer: torch.Tensor, offsets: Sequence[int]) -> None:
-        """One call per compress ratio (per group of alike layers of it, at most 64): the
-        layers of a ratio share their runs, each layer's bytes at its offset in the objects."""
+        """One call per group of alike layers (``_copy_calls``): the layers of a ratio share
+        their runs, each layer's bytes at its offset in the objects."""
         if self.device is None:
             return
         base = np.asarray(offsets, dtype=np.int64) + HEADER_BYTES
         where = where.numpy().astype(np.int64)
         per_ratio = {}
-        for ratio, group in self._groups[kind]:
+        for call in self._calls[kind]:
+            ratio = call.first.ratio
             if ratio not in per_ratio:
-                first = self.layers[group[0]]
-                runs = torch.from_numpy(self._block_runs(first, where, base) if kind == BLOCK
-                                        else self._tail_runs(first, where, base))
+                runs = torch.from_numpy(self._block_runs(call.first, where, base) if kind == BLOCK
+                                        else self._tail_runs(call.first, where, base))
                 per_ratio[ratio] = (self._upload(runs), self._upload(torch.tensor([len(runs)], dtype=torch.int32)))
-            runs, count = per_ratio[ratio]
-            for at in range(0, len(group), _LAYERS_PER_CALL):
-                layers = group[at: at + _LAYERS_PER_CALL]
-                op([t for i in layers for t in self._sources(self.layers[i])], runs, count, buffer,
-                   layer_offsets=[self._offsets[kind][i] for i in layers])
+            op(call.sources, *per_ratio[ratio], buffer, layer_offsets=call.layer_offsets)
 
     @staticmethod
     def _sources(layer: _Layer) -> List[torch.Tensor]:
