@@ -317,12 +317,14 @@ def gather_rows(sources: List[torch.Tensor], runs: torch.Tensor, run_count: torc
     ``layer_offsets`` (at most 64) applies the same runs to several layers in
     that one kernel: ``sources`` then holds the layers' tensors layer after
     layer, the same number each (at most four), tensor ``k`` of every layer
-    with the row bytes, row stride and rows of layer 0's tensor ``k`` (the
-    layers of one compress ratio); layer ``l``'s runs read its own tensors
-    and land ``layer_offsets[l]`` bytes further into the buffer. Checked like
-    one layer's runs, every layer's writes disjoint from every other's. A
-    call per layer cost more host time than the copy of a few blocks takes
-    on the GPU.
+    with the row bytes and row stride of layer 0's tensor ``k`` (the layers
+    of one compress ratio); layer ``l``'s runs read its own tensors and land
+    ``layer_offsets[l]`` bytes further into the buffer. The layers' row
+    counts may differ (the row space's do, by a few rows): every layer takes
+    the same runs, so they must lie in the rows of the layer with the
+    fewest. Checked like one layer's runs, every layer's writes disjoint
+    from every other's. A call per layer cost more host time than the copy
+    of a few blocks takes on the GPU.
     """
 
 
@@ -333,8 +335,12 @@ def scatter_rows(targets: List[torch.Tensor], runs: torch.Tensor, run_count: tor
     into rows ``[first_row, first_row + rows)`` of ``targets[tensor]``, in place.
 
     Same arguments and rules; runs must write disjoint rows (checked on the
-    host, like the ranges), and with ``layer_offsets`` the layers' targets
-    must not share memory (always checked). In the row-space
+    host, like the ranges). With ``layer_offsets`` tensor ``k`` of two
+    layers may not start at the same address (always checked); the layers
+    may be views of one plane at different base rows, as the row space's
+    are, and then every byte a run writes, in any layer, must be written by
+    no other run (checked on the host; on the GPU, as for one layer's runs,
+    the caller's to keep). In the row-space
     layout apply the step's row copies first: a unit moved out of the rows a
     run fills would otherwise be copied from after the scatter wrote them.
     """

@@ -189,8 +189,9 @@ struct RowTransferParams {
 };
 
 // The same runs over several layers (gather_rows / scatter_rows with
-// layer_offsets): layer l's tensor t is tensors[l][t], alike in shape to
-// `rows`' tensor t (the layers of one compress ratio), and its runs land
+// layer_offsets): layer l's tensor t is tensors[l][t], with the row bytes and
+// row stride of `rows`' tensor t (the layers of one compress ratio), whose
+// tensor_rows are the fewest of any layer's, and its runs land
 // layer_offset[l] bytes further into the buffer. One launch copies every
 // layer's rows: a launch per layer cost more host time than the copy of a
 // few blocks takes on the GPU.

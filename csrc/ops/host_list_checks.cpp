@@ -73,15 +73,24 @@ void check_host_runs(const char* op, const kernels::LayerRowTransferParams& lp) 
                         ") must name one of the ", p.num_tensors,
                         " tensors and a positive number of rows inside it and the ", p.buffer_bytes, "-byte buffer",
                         lp.num_layers > 1 ? " (in layer " + std::to_string(layer) + ", at its layer offset " +
-                                                std::to_string(lp.layer_offset[layer]) + ")"
+                                                std::to_string(lp.layer_offset[layer]) +
+                                                "; a tensor's rows are the fewest any layer's has)"
                                           : std::string());
-      // Only the writes can conflict: tensor rows (scatter) or buffer bytes (gather).
+      // Only the writes can conflict: buffer bytes (gather) or the tensors' bytes (scatter), by address,
+      // since the layers' tensors may be views of one plane (the row space's, a few rows apart).
       const int64_t entry = static_cast<int64_t>(layer) * p.max_runs + i;
-      if (p.to_buffer)
+      if (p.to_buffer) {
         spans.push_back({0, run.offset, run.offset + run.rows * p.row_bytes[run.tensor], true, entry});
-      else
-        spans.push_back({static_cast<int64_t>(layer) * kernels::kMaxPlanes + run.tensor, run.first_row,
-                         run.first_row + run.rows, true, entry});
+        continue;
+      }
+      const auto base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(lp.tensors[layer][run.tensor]));
+      const int64_t stride = p.row_stride[run.tensor], bytes = p.row_bytes[run.tensor];
+      if (stride == bytes) {  // packed rows: one range
+        spans.push_back({0, base + run.first_row * stride, base + (run.first_row + run.rows) * stride, true, entry});
+        continue;
+      }
+      for (int64_t row = run.first_row; row < run.first_row + run.rows; ++row)  // rows with gaps between them
+        spans.push_back({0, base + row * stride, base + row * stride + bytes, true, entry});
     }
   }
   const auto [a, b] = first_conflict(std::move(spans));
@@ -94,20 +103,18 @@ void check_host_runs(const char* op, const kernels::LayerRowTransferParams& lp) 
                     p.to_buffer ? "bytes" : "rows");
 }
 
-void check_disjoint_tensors(const char* op, const char* tensors_name, const kernels::LayerRowTransferParams& lp) {
+void check_distinct_targets(const char* op, const char* tensors_name, const kernels::LayerRowTransferParams& lp) {
   const kernels::RowTransferParams& p = lp.rows;
-  std::vector<Span> spans;
-  for (int32_t layer = 0; layer < lp.num_layers; ++layer) {
-    for (int32_t k = 0; k < p.num_tensors; ++k) {
-      if (p.tensor_rows[k] == 0) continue;
-      const auto begin = static_cast<int64_t>(reinterpret_cast<uintptr_t>(lp.tensors[layer][k]));
-      const int64_t end = begin + (p.tensor_rows[k] - 1) * p.row_stride[k] + p.row_bytes[k];
-      spans.push_back({0, begin, end, true, static_cast<int64_t>(layer) * p.num_tensors + k});
+  for (int32_t k = 0; k < p.num_tensors; ++k) {
+    for (int32_t a = 0; a < lp.num_layers; ++a) {
+      for (int32_t b = a + 1; b < lp.num_layers; ++b) {
+        TORCH_CHECK_VALUE(lp.tensors[a][k] != lp.tensors[b][k], op, ": ", tensors_name, "[",
+                          a * p.num_tensors + k, "] and ", tensors_name, "[", b * p.num_tensors + k,
+                          "] (tensor ", k, " of layers ", a, " and ", b, ") start at the same address; every layer's "
+                          "runs write the same rows of its own tensors, so one layer's bytes would be lost");
+      }
     }
   }
-  const auto [a, b] = first_conflict(std::move(spans));
-  TORCH_CHECK_VALUE(a < 0, op, ": ", tensors_name, "[", a, "] and ", tensors_name, "[", b,
-                    "] share memory; every layer's runs write the same rows, so the layers' tensors must not overlap");
 }
 
 }  // namespace ukv::ops

@@ -12,8 +12,11 @@ namespace ukv::ops {
 
 void check_host_copies(const kernels::RowCopyParams& p);
 void check_host_runs(const char* op, const kernels::LayerRowTransferParams& p);
-// Scatter targets of several layers: no two of them may share memory (each
-// layer's runs write the same rows of its own tensors).
-void check_disjoint_tensors(const char* op, const char* tensors_name, const kernels::LayerRowTransferParams& p);
+// Scatter targets of several layers: tensor k of two layers may not start at
+// the same address (every run naming k would write the same bytes for both).
+// Views of one plane at different base rows, as the row space's layers are,
+// pass: on the host check_host_runs compares the bytes the runs write, and on
+// the device keeping them apart is the caller's, as for one layer's runs.
+void check_distinct_targets(const char* op, const char* tensors_name, const kernels::LayerRowTransferParams& p);
 
 }  // namespace ukv::ops

@@ -1,6 +1,7 @@
 #include "ops/index_checks.h"
 
 #include <c10/util/Exception.h>
+#include <algorithm>
 
 #include <limits>
 #include <string>
@@ -423,7 +424,9 @@ namespace {
 // stride: a compressor or indexer view), the runs an int64 [max_runs, 4]
 // list with an int32 [1] count, the buffer a contiguous 1-D uint8 tensor.
 // With layer_offsets, `tensors` holds the layers' tensors layer after layer,
-// the same number each, tensor k of every layer shaped like layer 0's.
+// the same number each, tensor k of every layer with layer 0's row bytes and
+// row stride; its rows may differ (the row space's layers differ by a few), and
+// the runs are bounded by the fewest.
 kernels::LayerRowTransferParams check_transfer(const char* op, c10::DeviceType device_type,
                                                const std::vector<at::Tensor>& tensors, const char* tensors_name,
                                                const at::Tensor& runs, const at::Tensor& run_count,
@@ -483,16 +486,17 @@ kernels::LayerRowTransferParams check_transfer(const char* op, c10::DeviceType d
       p.row_stride[k] = row_stride;
       p.tensor_rows[k] = t.size(0);
     } else {
-      TORCH_CHECK_VALUE(row_bytes == p.row_bytes[k] && row_stride == p.row_stride[k] && t.size(0) == p.tensor_rows[k],
-                        op, ": ", name, " (layer ", layer, ") must have the row bytes, row stride and rows of ",
-                        tensors_name, "[", k, "] (", p.row_bytes[k], ", ", p.row_stride[k], ", ", p.tensor_rows[k],
-                        "), got (", row_bytes, ", ", row_stride, ", ", t.size(0), ")");
+      TORCH_CHECK_VALUE(row_bytes == p.row_bytes[k] && row_stride == p.row_stride[k], op, ": ", name, " (layer ",
+                        layer, ") must have the row bytes and row stride of ", tensors_name, "[", k, "] (",
+                        p.row_bytes[k], ", ", p.row_stride[k], "), got (", row_bytes, ", ", row_stride, ")");
+      // Every layer takes the same runs: they must fit the layer with the fewest rows.
+      p.tensor_rows[k] = std::min(p.tensor_rows[k], t.size(0));
     }
     lp.tensors[layer][k] = static_cast<uint8_t*>(t.data_ptr());
   }
   p.to_buffer = to_buffer;
-  // The layers' runs write the same rows of each layer's targets: targets sharing memory would lose a layer's bytes.
-  if (!to_buffer && layers > 1) check_disjoint_tensors(op, tensors_name, lp);
+  // The layers' runs write the same rows of each layer's targets: a target given twice would lose a layer's bytes.
+  if (!to_buffer && layers > 1) check_distinct_targets(op, tensors_name, lp);
   if (device_type == c10::DeviceType::CPU) check_host_runs(op, lp);
   if (layers == 1) {  // one layer at an offset is the buffer from there: the one-layer kernel has no offsets
     p.buffer += lp.layer_offset[0];

@@ -3,7 +3,9 @@ layers' tensors in one call, against a per-layer reference (each layer's
 runs at its offset); the layers' shapes, offsets and counts checked by name
 with nothing written; runs outside a layer's part of the buffer, and writes
 that collide across layers, refused on the host and skipped on the GPU;
-targets that share memory refused; graph capture and opcheck."""
+a target given for two layers refused, and views of one plane at different
+base rows (the row space's layers) taken where their runs write apart;
+graph capture and opcheck."""
 import random
 
 import pytest
@@ -15,10 +17,11 @@ from support.row_runs import random_runs, row_bytes, run_tensors
 
 
 def make_layers(device, layers, rows=40, seed=0):
-    """Per layer an fp32 plane, a bf16 plane and an indexer-like strided uint8 view, all layers alike."""
+    """Per layer an fp32 plane, a bf16 plane and an indexer-like strided uint8 view, all layers alike
+    but, where ``rows`` is a list, in their rows (layer l's planes have rows[l])."""
     g = torch.Generator().manual_seed(seed)
     out = []
-    for _ in range(layers):
+    for rows in rows if isinstance(rows, list) else [rows] * layers:
         wide = torch.randn(rows, 5, generator=g)
         narrow = torch.randn(rows, 3, generator=g).to(torch.bfloat16)
         indexer = torch.randint(0, 255, (rows // 2, 20), dtype=torch.uint8, generator=g)[:, :12]
@@ -55,10 +58,14 @@ def zeros_like_layers(layers):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("num_layers", [1, 2, 7])
 @pytest.mark.parametrize("seed", range(3))
-def test_layers_gather_and_scatter_like_one_call_per_layer(device, num_layers, seed):
+@pytest.mark.parametrize("rows_differ", [False, True])
+def test_layers_gather_and_scatter_like_one_call_per_layer(device, num_layers, seed, rows_differ):
+    """With rows_differ the layers' rows differ by a few, as the row space's do, and the
+    runs are drawn over the fewest (layer 1's, where there is one)."""
     rng = random.Random(seed)
-    layers = make_layers(device, num_layers, seed=seed)
-    runs, span = random_runs(rng, layers[0], 20)
+    rows = [40 + (4 if l != 1 else 0) + 2 * (l % 3) for l in range(num_layers)] if rows_differ else 40
+    layers = make_layers(device, num_layers, rows=rows, seed=seed)
+    runs, span = random_runs(rng, layers[1 if rows_differ and num_layers > 1 else 0], 20)
     offsets = [rng.randrange(1, 40)]  # layer 0 at an offset too: a single layer's offset is honoured
     for _ in range(num_layers - 1):
         offsets.append(offsets[-1] + span + rng.randrange(5))  # gaps between the layers stay untouched
@@ -117,7 +124,7 @@ def _args(layers=3, runs=((0, 0, 2, 0), (1, 3, 1, 40)), offsets=(0, 60, 120), nb
     (dict(offsets=[0, 60]), r"must hold at most 4 tensors for each of the 2 layers, the same number each, got 9"),
     (dict(offsets=[0, 60, 201]), r"layer_offsets\[2\] must lie in the 200-byte buffer, got 201"),
     (dict(offsets=[0, -1, 60]), r"layer_offsets\[1\] must lie in the 200-byte buffer, got -1"),
-    (dict(offsets=[0, 60, 170]), r"runs\[0\] = \(0, 0, 2, 0\) must name .* \(in layer 2, at its layer offset 170\)"),
+    (dict(offsets=[0, 60, 170]), r"runs\[0\] = \(0, 0, 2, 0\) must name .* \(in layer 2, at its layer offset 170; "),
 ])
 def test_bad_layers_are_refused_by_name_with_nothing_written(op, change, fragment):
     a = _args(nbytes=change.get("nbytes", 200))
@@ -147,26 +154,85 @@ def test_layers_gathering_into_the_same_bytes_are_refused():
 def test_a_layer_shaped_unlike_layer_0_is_refused(op):
     a = _args()
     a["tensors"][4] = torch.zeros(40, 4).to(torch.bfloat16)  # layer 1's bf16 plane, 8 bytes a row instead of 6
-    with pytest.raises(ValueError, match=rf"{op}: .*\[4\] \(layer 1\) must have the row bytes, row stride and rows "
-                                         r"of .*\[1\] \(6, 6, 40\), got \(8, 8, 40\)"):
+    with pytest.raises(ValueError, match=rf"{op}: .*\[4\] \(layer 1\) must have the row bytes and row stride "
+                                         r"of .*\[1\] \(6, 6\), got \(8, 8\)"):
         getattr(ukv_torch, op)(a["tensors"], *run_tensors(a["runs"], 2, "cpu"), a["buffer"],
                                layer_offsets=a["offsets"])
     assert a["buffer"].tolist() == [7] * 200
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_scatter_targets_that_share_memory_are_refused(device):
+@pytest.mark.parametrize("op", ["gather_rows", "scatter_rows"])
+def test_a_run_past_the_fewest_rows_of_the_layers_is_refused_on_the_host_and_skipped_on_the_gpu(device, op):
+    """Layer 1 has 38 rows, the others 40: a run of rows 37-38 lies in layers 0 and 2 but not in
+    layer 1, and every layer takes the same runs."""
+    layers = make_layers(device, 3, rows=[40, 38, 40])
+    runs = [[0, 0, 2, 0], [0, 37, 2, 40]]  # 40 bytes each
+    buffer = torch.randint(0, 256, (240,), dtype=torch.uint8, generator=torch.Generator().manual_seed(2)).to(device)
+    tensors = flat(layers) if op == "gather_rows" else flat(zeros_like_layers(layers))
+    before_buffer, before = buffer.clone(), [t.clone() for t in tensors]
+    call = lambda count: getattr(ukv_torch, op)(tensors, *run_tensors(runs, count, device), buffer,
+                                                layer_offsets=[0, 80, 160])
+    if device == "cpu":
+        with pytest.raises(ValueError, match=rf"{op}: runs\[1\] = \(0, 37, 2, 40\) must name .* a tensor's rows "
+                                             r"are the fewest any layer's has"):
+            call(2)
+        assert torch.equal(buffer, before_buffer) and all(torch.equal(x, y) for x, y in zip(tensors, before))
+        return
+    call(2)  # run 1 skipped in every layer: what run 0 alone does
+    got_buffer, got = buffer.clone(), [t.clone() for t in tensors]
+    buffer.copy_(before_buffer)
+    for t, b in zip(tensors, before):
+        t.copy_(b)
+    call(1)
+    assert torch.equal(got_buffer, buffer) and all(torch.equal(x, y) for x, y in zip(got, tensors))
+    changed = not torch.equal(buffer, before_buffer) if op == "gather_rows" else \
+        not all(torch.equal(x, y) for x, y in zip(tensors, before))
+    assert changed  # run 0 was copied
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_scatter_target_given_for_two_layers_is_refused(device):
     """Every layer's runs write the same rows: a tensor given for two layers would keep one layer's bytes."""
     layers = make_layers(device, 2)
     layers[1][0] = layers[0][0]
     buffer = torch.full((200,), 7, dtype=torch.uint8, device=device)
     before = [t.clone() for t in flat(layers)]
-    with pytest.raises(ValueError, match=r"scatter_rows: targets\[0\] and targets\[3\] share memory"):
+    with pytest.raises(ValueError, match=r"scatter_rows: targets\[0\] and targets\[3\] \(tensor 0 of layers 0 and "
+                                         r"1\) start at the same address"):
         ukv_torch.scatter_rows(flat(layers), *run_tensors([[0, 0, 1, 0]], 1, device), buffer, layer_offsets=[0, 100])
     assert all(torch.equal(x, y) for x, y in zip(flat(layers), before))
     # Gathering reads them: allowed, and both layers give the same bytes.
     ukv_torch.gather_rows(flat(layers), *run_tensors([[0, 0, 1, 0]], 1, device), buffer, layer_offsets=[0, 100])
     assert torch.equal(buffer[:20], buffer[100:120])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layers_viewing_one_plane_at_different_base_rows_scatter_where_their_runs_write_apart(device):
+    """The row space's layers are views of one plane starting a few rows apart. In a 40-row
+    plane, layer 0 starts at row 0 and layer 1 at row 10: runs over rows 0-4 and 20-24
+    write plane rows 0-4 and 20-24 for layer 0, 10-14 and 30-34 for layer 1, all apart,
+    and the call is one call per layer. A third run over rows 10-14 writes plane rows
+    10-14 for layer 0, which layer 1's first run writes too: refused on the host, naming
+    both, with nothing written."""
+    plane = torch.zeros(40, 6, dtype=torch.float32, device=device)
+    layers = [[plane[0:]], [plane[10:]]]
+    runs = [[0, 0, 5, 0], [0, 20, 5, 120]]  # 120 bytes each
+    buffer = torch.randint(0, 256, (480,), dtype=torch.uint8, generator=torch.Generator().manual_seed(4)).to(device)
+    ukv_torch.scatter_rows(flat(layers), *run_tensors(runs, 2, device), buffer, layer_offsets=[0, 240])
+    want = torch.zeros(40, 6)
+    for base, shift in ((0, 0), (10, 240)):
+        for _, first, rows, offset in runs:
+            packed_rows = buffer[shift + offset: shift + offset + rows * 24].cpu().view(torch.float32)
+            want[base + first: base + first + rows] = packed_rows.view(rows, 6)
+    assert torch.equal(plane.cpu(), want)
+    if device == "cpu":
+        before = plane.clone()
+        with pytest.raises(ValueError, match=r"scatter_rows: runs\[2\] of layer 0 and runs\[0\] of layer 1 write "
+                                             r"the same tensor rows"):
+            ukv_torch.scatter_rows(flat(layers), *run_tensors(runs + [[0, 10, 5, 0]], 3, device), buffer,
+                                   layer_offsets=[0, 240])
+        assert torch.equal(plane, before)
 
 
 @pytest.mark.gpu

@@ -75,8 +75,8 @@ class ObjectLayout:
     studies). The layers' tensors are read and written with
     :func:`ukv_torch.gather_rows` / :func:`ukv_torch.scatter_rows` on the
     current stream, one call per group of alike layers of a compress ratio
-    (through ``layer_offsets``; a row-space layer, whose rows differ from its
-    neighbours' by a few, is a call of its own).
+    (through ``layer_offsets``: three calls for V4-Pro's block objects, four for its
+    tail objects).
 
     With ``kv=None`` the layout knows sizes only, from the plan's model: it
     copies nothing, and an object is sound when its size is right (capacity
@@ -127,12 +127,13 @@ class ObjectLayout:
 
     def _copy_calls(self, kind: int) -> List[_CopyCall]:
         """The gather / scatter calls of a kind's objects: the layers of a compress ratio
-        whose tensors are alike (rows, row bytes and stride: a static layout's layers
-        differ in rows, the row space's by a few), at most _LAYERS_PER_CALL a call."""
+        whose tensors are alike in row bytes and stride (their rows may differ, as the
+        row space's do by a few: the runs lie in every layer's), at most
+        _LAYERS_PER_CALL a call."""
         groups = {}
         for i, layer in enumerate(self.layers):
             if kind == TAIL or layer.ratio:
-                shapes = tuple((t.shape, t.stride(), t.element_size()) for t in self._sources(layer) if t is not None)
+                shapes = tuple((t.shape[1], t.stride(), t.element_size()) for t in self._sources(layer) if t is not None)
                 groups.setdefault((layer.ratio, shapes), []).append(i)
         return [_CopyCall(self.layers[group[at]], [t for i in group[at: at + _LAYERS_PER_CALL]
                                                    for t in self._sources(self.layers[i])],
