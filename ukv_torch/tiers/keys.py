@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -54,11 +54,12 @@ def _block_bytes(tokens) -> bytes:
     return np.asarray(tokens, dtype="<i8").tobytes()
 
 
-def chain_keys(root: bytes, tokens, block_size: int, count: int) -> List[bytes]:
-    """The keys of blocks [0, count) of ``tokens`` (count full blocks)."""
-    data = _block_bytes(np.asarray(tokens)[: count * block_size])
+def chain_keys(parent: bytes, tokens, block_size: int, count: int, start: int = 0) -> List[bytes]:
+    """The keys of blocks [start, start + count) of ``tokens`` (full blocks), chained from
+    ``parent``: the root key for start 0, else the key of block start - 1."""
+    data = _block_bytes(np.asarray(tokens)[start * block_size: (start + count) * block_size])
     step = 8 * block_size
-    keys, key = [], root
+    keys, key = [], parent
     for i in range(count):
         key = _digest(key, data[i * step: (i + 1) * step])
         keys.append(key)
