@@ -176,3 +176,36 @@ def test_a_tier_too_small_for_one_object_is_refused_before_anything_is_made():
         TierCache(engine.plan, engine.kv, [host()], staging_bytes=largest)
     with pytest.raises(ValueError, match="backends"):
         TierCache(engine.plan, engine.kv, [])
+
+
+@pytest.mark.gpu
+def test_a_pinned_arena_locks_exactly_its_pages_and_lets_them_go():
+    """HostTier's arena is page-locked by registering exactly its pages, not
+    through torch's caching host allocator (which rounds a block up to a power
+    of two); copies from it run on the GPU's copy engine; the pages are let go
+    once the last view of them is gone."""
+    import gc
+    import mmap
+
+    from ukv_torch.tiers.staging import locked_host_bytes
+
+    size = (3 << 20) + 64  # a power-of-two allocator would lock 4 MiB for it
+    pages = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+    cached = torch.cuda.host_memory_stats().get("allocated_bytes.all.current", 0)
+    locked = locked_host_bytes()
+    tier = HostTier(size, pinned=True)
+    arena = tier._arena.buffer
+    assert arena.numel() == size and arena.is_pinned() and arena.data_ptr() % mmap.PAGESIZE == 0
+    assert locked_host_bytes() == locked + pages
+    assert torch.cuda.host_memory_stats().get("allocated_bytes.all.current", 0) == cached
+    arena.copy_(torch.arange(size, dtype=torch.int64).remainder_(251).to(torch.uint8))
+    on_gpu = torch.empty(size, dtype=torch.uint8, device="cuda")
+    on_gpu.copy_(arena, non_blocking=True)
+    assert torch.equal(on_gpu.cpu(), arena)
+    view = arena[64:128]
+    del tier, arena
+    gc.collect()
+    assert locked_host_bytes() == locked + pages  # a view still holds the pages
+    del view
+    gc.collect()
+    assert locked_host_bytes() == locked

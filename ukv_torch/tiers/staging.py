@@ -6,26 +6,67 @@ takes one contiguous range), and HostTier keeps its objects in another."""
 from __future__ import annotations
 
 import bisect
+import mmap
+import weakref
 from typing import List, Optional, Tuple
 
+import numpy as np
 import torch
 
-__all__ = ["Staging", "ALIGN"]
+__all__ = ["Staging", "ALIGN", "host_bytes", "locked_host_bytes"]
 
 ALIGN = 64  # every object starts on a 64-byte boundary
+_PAGE = mmap.PAGESIZE
+_locked = [0]  # bytes host_bytes has page-locked and not yet let go
 
 
-def aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+def locked_host_bytes() -> int:
+    """The host memory :func:`host_bytes` holds page-locked now, in bytes (whole pages)."""
+    return _locked[0]
+
+
+def _unlock(address: int, length: int) -> None:
+    torch.cuda.cudart().cudaHostUnregister(address)
+    _locked[0] -= length
+
+
+def aligned(n: int, to: int = ALIGN) -> int:
+    return -(-n // to) * to
+
+
+def host_bytes(size: int, pinned: bool) -> torch.Tensor:
+    """``size`` bytes of host memory, page-locked when ``pinned``.
+
+    Page-locked exactly: the pages are registered with the CUDA runtime
+    (``cudaHostRegister``) and unregistered when the last view of them goes.
+    ``pin_memory=True`` instead goes through torch's caching host allocator,
+    which rounds every block up to a power of two, so a 48 GiB tier would lock
+    64 GiB of the host's memory. The registered range is whole pages inside
+    one allocation, so it never shares a page with other memory (a page
+    registered twice is refused)."""
+    if not pinned or size == 0:
+        return torch.empty(size, dtype=torch.uint8)
+    raw = np.empty(size + 2 * _PAGE, dtype=np.uint8)
+    start = aligned(raw.ctypes.data, _PAGE) - raw.ctypes.data
+    length = aligned(size, _PAGE)
+    address = raw.ctypes.data + start
+    err = int(torch.cuda.cudart().cudaHostRegister(address, length, 0))
+    if err:
+        raise RuntimeError(f"page-locking {size} bytes of host memory failed (CUDA error {err}): the host may "
+                           f"lack that much lockable memory (ulimit -l)")
+    _locked[0] += length
+    # numpy clears an array's weak references before it frees the memory.
+    weakref.finalize(raw, _unlock, address, length)
+    return torch.from_numpy(raw)[start:start + size]
 
 
 class Staging:
-    """``size`` bytes of host memory (pinned when ``pinned``) and a first-fit
+    """``size`` bytes of host memory (page-locked when ``pinned``: :func:`host_bytes`) and a first-fit
     allocator of ranges in it; ranges go back with :meth:`free`."""
 
     def __init__(self, size: int, pinned: bool):
         self.size = aligned(size)
-        self.buffer = torch.empty(self.size, dtype=torch.uint8, pin_memory=pinned)
+        self.buffer = host_bytes(self.size, pinned)
         self._free: List[Tuple[int, int]] = [(0, self.size)]  # (start, length), sorted by start
 
     def take(self, n: int) -> Optional[int]:
