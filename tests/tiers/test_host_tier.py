@@ -195,12 +195,15 @@ def test_a_pinned_arena_locks_exactly_its_pages_and_lets_them_go():
     locked = locked_host_bytes()
     tier = HostTier(size, pinned=True)
     arena = tier._arena.buffer
-    assert arena.numel() == size and arena.is_pinned() and arena.data_ptr() % mmap.PAGESIZE == 0
+    address = arena.data_ptr()
+    assert arena.numel() == size and address % mmap.PAGESIZE == 0 and page_locked(address)
     assert locked_host_bytes() == locked + pages
     assert torch.cuda.host_memory_stats().get("allocated_bytes.all.current", 0) == cached
     arena.copy_(torch.arange(size, dtype=torch.int64).remainder_(251).to(torch.uint8))
     on_gpu = torch.empty(size, dtype=torch.uint8, device="cuda")
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time in front of the copy
     on_gpu.copy_(arena, non_blocking=True)
+    assert not torch.cuda.current_stream().query()  # queued, not done: a copy from pageable memory waits
     assert torch.equal(on_gpu.cpu(), arena)
     view = arena[64:128]
     del tier, arena
@@ -208,4 +211,15 @@ def test_a_pinned_arena_locks_exactly_its_pages_and_lets_them_go():
     assert locked_host_bytes() == locked + pages  # a view still holds the pages
     del view
     gc.collect()
-    assert locked_host_bytes() == locked
+    assert locked_host_bytes() == locked and not page_locked(address)
+
+
+def page_locked(address):
+    """Whether the CUDA driver knows ``address`` as page-locked host memory
+    (``Tensor.is_pinned`` knows only torch's own allocator's blocks)."""
+    import ctypes
+    driver = ctypes.CDLL("libcuda.so.1")
+    kind = ctypes.c_uint(0)
+    memory_type, host = 2, 1  # CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_MEMORYTYPE_HOST
+    rc = driver.cuPointerGetAttribute(ctypes.byref(kind), memory_type, ctypes.c_ulonglong(address))
+    return rc == 0 and kind.value == host

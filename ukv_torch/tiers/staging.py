@@ -43,7 +43,9 @@ def host_bytes(size: int, pinned: bool) -> torch.Tensor:
     which rounds every block up to a power of two, so a 48 GiB tier would lock
     64 GiB of the host's memory. The registered range is whole pages inside
     one allocation, so it never shares a page with other memory (a page
-    registered twice is refused)."""
+    registered twice is refused). ``Tensor.is_pinned()`` says False for it
+    (torch knows only its own allocator's blocks); the driver knows it as
+    page-locked, so copies to and from the GPU are asynchronous DMA."""
     if not pinned or size == 0:
         return torch.empty(size, dtype=torch.uint8)
     raw = np.empty(size + 2 * _PAGE, dtype=np.uint8)
