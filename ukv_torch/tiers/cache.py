@@ -33,6 +33,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ..manager.kv_events import KvEvent, KvEventKind, KvRole
@@ -49,9 +50,11 @@ __all__ = ["TierCache"]
 _STAGING_OBJECTS = 64  # default staging: at least this many objects of the larger kind
 _LOAD_PIECE_BLOCKS = 32  # a load's blocks are looked up and their copies started this many at a time
 # A save goes in pieces of at most this many bytes of objects: the copy of one piece to host memory
-# runs while the next is gathered and sealed, so only the first piece's gather waits in front of the
-# copies. (Two halves of a 32K-token V4-Pro prefix's 1.37 GB saved at 65% of an H100's pinned copy.)
-_SAVE_PIECE_BYTES = 64 << 20
+# runs while the next is gathered and sealed, so only the first piece's host work and gather wait in
+# front of the copies. A piece also costs fixed host time (about 1.4 ms on an H100 host: run lists,
+# uploads, launches), so pieces too small leave the copy waiting for the host. (A 32K-token V4-Pro
+# prefix, 1.37 GB: two halves reached 65% of an H100's pinned copy, 64 MiB pieces 45%.)
+_SAVE_PIECE_BYTES = 192 << 20
 
 
 @dataclass
@@ -148,25 +151,42 @@ class TierCache:
                     published.append((key, ev))
         everywhere = self._present([key_name(key) for key, _ in published], everywhere=True)
         blocks = [block for block, saved in zip(published, everywhere) if not saved]
-        # In pieces of at most _SAVE_PIECE_BYTES and half the staging: a step of whole chunks
-        # publishes every block with its tail, which a smaller staging saves in part.
-        piece = max(1, min(self.staging.size // 2, _SAVE_PIECE_BYTES) // (self._block_bytes + self._tail_bytes))
-        for i in range(0, len(blocks), piece):
-            self._save_blocks(mgr, blocks[i: i + piece])
+        if not blocks:
+            return
+        where, units, found, has_tail = self._locate(mgr, blocks)
+        # In pieces of at most _SAVE_PIECE_BYTES of objects and half the staging: a step of
+        # whole chunks publishes every block with its tail, which a smaller staging saves in part.
+        limit = min(self.staging.size // 2, _SAVE_PIECE_BYTES)
+        sizes = found * self._block_bytes + has_tail * self._tail_bytes
+        start, size = 0, 0
+        for i in range(len(blocks)):
+            size += int(sizes[i])
+            if i + 1 == len(blocks) or size + int(sizes[i + 1]) > limit:
+                piece = slice(start, i + 1)
+                self._save_piece([key for key, _ in blocks[piece]], where[piece], units[piece], found[piece],
+                                 has_tail[piece])
+                start, size = i + 1, 0
 
-    def _save_blocks(self, mgr, blocks) -> None:
+    def _locate(self, mgr, blocks):
+        """Where the published blocks' rows are now: (locate_blocks' rows, their SWA units
+        [n, pages_per_block], whether each block was found, whether its tail's pages were)."""
         prefix_hash, hashes = self.config.prefix_hash, [ev.block_hash for _, ev in blocks]
-        tokens = torch.tensor([t for _, ev in blocks for t in ev.token_ids], dtype=torch.int64)
+        tokens = torch.from_numpy(np.fromiter((t for _, ev in blocks for t in ev.token_ids), dtype=np.int64))
         where = mgr.locate_blocks(key_tensor(hashes, prefix_hash), tokens)
         pages = swa_page_hashes(hashes, self._ppb, prefix_hash)
         units = mgr.locate_pages(key_tensor(pages, prefix_hash), tokens).view(len(blocks), self._ppb)
         found = where.numpy()[:, 0] >= 0
         has_tail = found & (units.numpy()[:, self._first_tail_page:] >= 0).all(axis=1)
+        return where, units, found, has_tail
+
+    def _save_piece(self, keys: List[bytes], where: torch.Tensor, units: torch.Tensor, found: np.ndarray,
+                    has_tail: np.ndarray) -> None:
+        """Gather, seal and start copying one piece's objects to the backends."""
         n_blocks = int(found.sum())
         kinds = [BLOCK] * n_blocks + [TAIL] * int(has_tail.sum())
         if not kinds:
             return
-        keys = [k for (k, _), f in zip(blocks, found) if f] + [tail_key(k) for (k, _), t in zip(blocks, has_tail) if t]
+        keys = [k for k, f in zip(keys, found) if f] + [tail_key(k) for k, t in zip(keys, has_tail) if t]
         offsets, nbytes = self._offsets(kinds)
         # Gathered and sealed on the step's stream, so no later step reuses or moves the rows first.
         target = torch.empty(nbytes, dtype=torch.uint8, device=self.device or "cpu")

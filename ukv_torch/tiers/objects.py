@@ -199,19 +199,26 @@ class ObjectLayout:
 
     def _copy(self, op, kind: int, where: torch.Tensor, buffer: torch.Tensor, offsets: Sequence[int]) -> None:
         """One call per group of alike layers (``_copy_calls``): the layers of a ratio share
-        their runs, each layer's bytes at its offset in the objects."""
+        their runs, each layer's bytes at its offset in the objects. Every ratio's runs
+        go to the device in one upload (an upload costs more host time than its bytes)."""
         if self.device is None:
             return
         base = np.asarray(offsets, dtype=np.int64) + HEADER_BYTES
         where = where.numpy().astype(np.int64)
-        per_ratio = {}
+        tail_args = self._tail_mapping_args(where) if kind == TAIL else None
+        firsts = {}  # each ratio's first layer: its runs are every layer's of that ratio
         for call in self._calls[kind]:
-            ratio = call.first.ratio
-            if ratio not in per_ratio:
-                runs = torch.from_numpy(self._block_runs(call.first, where, base) if kind == BLOCK
-                                        else self._tail_runs(call.first, where, base))
-                per_ratio[ratio] = (self._upload(runs), self._upload(torch.tensor([len(runs)], dtype=torch.int32)))
-            op(call.sources, *per_ratio[ratio], buffer, layer_offsets=call.layer_offsets)
+            firsts.setdefault(call.first.ratio, call.first)
+        ratios = list(firsts)
+        runs = [self._block_runs(firsts[r], where, base) if kind == BLOCK else
+                self._tail_runs(firsts[r], tail_args, base) for r in ratios]
+        counts = [len(r) for r in runs]
+        all_runs = self._upload(torch.from_numpy(np.concatenate(runs)))
+        all_counts = self._upload(torch.tensor(counts, dtype=torch.int32))
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        per_ratio = {r: (all_runs[starts[i]: starts[i + 1]], all_counts[i: i + 1]) for i, r in enumerate(ratios)}
+        for call in self._calls[kind]:
+            op(call.sources, *per_ratio[call.first.ratio], buffer, layer_offsets=call.layer_offsets)
 
     @staticmethod
     def _sources(layer: _Layer) -> List[torch.Tensor]:
@@ -239,16 +246,21 @@ class ObjectLayout:
             runs.append(_run_block(len(layer.planes), where[:, 1 if row_space else 0], 1, base + offset))
         return np.concatenate(runs)
 
-    def _tail_runs(self, layer: _Layer, where: np.ndarray, base: np.ndarray) -> np.ndarray:
+    def _tail_mapping_args(self, where: np.ndarray):
+        """swa_slot_mapping's table, positions and batch ids for the tail positions of
+        tail objects whose blocks' SWA units are ``where``: every ratio's runs use them."""
+        bs, n = self.config.block_size, where.shape[0]
+        positions = torch.arange(bs - self.tail_rows, bs, dtype=torch.int64)  # within the block
+        return (torch.from_numpy(where.astype(np.int32)), positions.repeat(n),
+                torch.arange(n, dtype=torch.int32).repeat_interleave(self.tail_rows))
+
+    def _tail_runs(self, layer: _Layer, mapping_args, base: np.ndarray) -> np.ndarray:
         """Runs of a layer's SWA rows of the tail positions; positions whose rows
         follow each other (a page's) make one run: a row per run left the copy
         kernel with runs of a few hundred bytes."""
-        bs, n = self.config.block_size, where.shape[0]
-        positions = torch.arange(bs - self.tail_rows, bs, dtype=torch.int64)  # within the block
-        rows = torch.empty(n * self.tail_rows, dtype=torch.int32)
-        swa_slot_mapping(torch.from_numpy(where.astype(np.int32)), positions.repeat(n),
-                         torch.arange(n, dtype=torch.int32).repeat_interleave(self.tail_rows), rows,
-                         block_size=bs, swa_rows=list(self.plan.swa_rows(layer.ratio)))
+        rows = torch.empty(len(base) * self.tail_rows, dtype=torch.int32)
+        swa_slot_mapping(*mapping_args, rows, block_size=self.config.block_size,
+                         swa_rows=list(self.plan.swa_rows(layer.ratio)))
         if bool((rows < 0).any()):
             raise RuntimeError("a tail object's position has no SWA page: its rows cannot be copied")
         rows = rows.numpy().astype(np.int64)
