@@ -1,8 +1,8 @@
 #include "ops/index_checks.h"
 
 #include <c10/util/Exception.h>
-#include <algorithm>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
