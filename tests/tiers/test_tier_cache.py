@@ -31,6 +31,14 @@ def test_any_layout_restores_the_rows_another_saved(saver, loader, page):
     restores_across_layouts(saver, loader, page, "cpu")
 
 
+@pytest.mark.parametrize("piece_blocks", [1, 2])
+def test_a_load_read_in_pieces_restores_every_piece(piece_blocks, monkeypatch):
+    """The 5 blocks read 1 or 2 at a time, each piece's copies started before the next is
+    looked up: the same rows as a load in one piece."""
+    monkeypatch.setattr("ukv_torch.tiers.cache._LOAD_PIECE_BLOCKS", piece_blocks)
+    restores_across_layouts("row_space", "elastic", 0, "cpu")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("saver, loader", [("static", "row_space"), ("row_space", "elastic")])
 def test_any_layout_restores_the_rows_another_saved_on_the_gpu(saver, loader):
@@ -77,7 +85,11 @@ def damage(tier, name, how):
 
 @pytest.mark.parametrize("how", ["flip", "truncate", "header"])
 @pytest.mark.parametrize("which", ["block", "tail"])
-def test_a_damaged_object_is_a_miss_and_the_rest_is_recomputed(how, which):
+@pytest.mark.parametrize("piece_blocks", [1, 2, 32])
+def test_a_damaged_object_is_a_miss_and_the_rest_is_recomputed(how, which, piece_blocks, monkeypatch):
+    """A load reads its blocks piece_blocks at a time (1 and 2: block 2 is in a later
+    piece than the first; 32: one piece)."""
+    monkeypatch.setattr("ukv_torch.tiers.cache._LOAD_PIECE_BLOCKS", piece_blocks)
     tier = host()
     a, p = saved_engine("row_space", tier)
     blocks, tails = object_names(a, p)
