@@ -171,7 +171,7 @@ class TierCache:
         """Where the published blocks' rows are now: (locate_blocks' rows, their SWA units
         [n, pages_per_block], whether each block was found, whether its tail's pages were)."""
         prefix_hash, hashes = self.config.prefix_hash, [ev.block_hash for _, ev in blocks]
-        tokens = torch.from_numpy(np.fromiter((t for _, ev in blocks for t in ev.token_ids), dtype=np.int64))
+        tokens = token_tensor([t for _, ev in blocks for t in ev.token_ids])
         where = mgr.locate_blocks(key_tensor(hashes, prefix_hash), tokens)
         pages = swa_page_hashes(hashes, self._ppb, prefix_hash)
         units = mgr.locate_pages(key_tensor(pages, prefix_hash), tokens).view(len(blocks), self._ppb)
