@@ -156,8 +156,11 @@ def _layer_runs(plan: KvPlan, layer: _Layer, export: SequenceExport, skip_below:
     return _merged_runs(np.concatenate(parts), np.array(row_bytes, dtype=np.int64))
 
 
-def _run_block(tensor: int, rows: np.ndarray, count: int, offsets: np.ndarray) -> np.ndarray:
-    return np.stack([np.full(len(rows), tensor), rows, np.full(len(rows), count), offsets], axis=1).astype(np.int64)
+def _run_block(tensor: int, rows: np.ndarray, count, offsets: np.ndarray) -> np.ndarray:
+    """[tensor, row, rows, offset] runs: ``count`` rows from each of ``rows`` (an int or one per run)."""
+    runs = np.empty((len(rows), 4), dtype=np.int64)
+    runs[:, 0], runs[:, 1], runs[:, 2], runs[:, 3] = tensor, rows, count, offsets
+    return runs
 
 
 def _merged_runs(runs: np.ndarray, row_bytes: np.ndarray) -> np.ndarray:

@@ -39,7 +39,7 @@ import torch
 
 from ..ops import gather_rows, scatter_rows, swa_slot_mapping
 from ..plan.records import KvPlan
-from ..transfer import _merged_runs, _run_block
+from ..transfer import _run_block
 from .keys import fingerprint
 
 __all__ = ["BLOCK", "TAIL", "HEADER_BYTES", "ObjectLayout"]
@@ -255,18 +255,23 @@ class ObjectLayout:
                 torch.arange(n, dtype=torch.int32).repeat_interleave(self.tail_rows))
 
     def _tail_runs(self, layer: _Layer, mapping_args, base: np.ndarray) -> np.ndarray:
-        """Runs of a layer's SWA rows of the tail positions; positions whose rows
-        follow each other (a page's) make one run: a row per run left the copy
-        kernel with runs of a few hundred bytes."""
-        rows = torch.empty(len(base) * self.tail_rows, dtype=torch.int32)
+        """Runs of a layer's SWA rows of the tail positions: within an object, positions
+        whose rows follow each other (a page's) make one run, in every plane alike (a row
+        per run left the copy kernel with runs of a few hundred bytes)."""
+        n, count = len(base), self.tail_rows
+        rows = torch.empty(n * count, dtype=torch.int32)
         swa_slot_mapping(*mapping_args, rows, block_size=self.config.block_size,
                          swa_rows=list(self.plan.swa_rows(layer.ratio)))
         if bool((rows < 0).any()):
             raise RuntimeError("a tail object's position has no SWA page: its rows cannot be copied")
-        rows = rows.numpy().astype(np.int64)
-        step = np.arange(self.tail_rows, dtype=np.int64)
+        rows = rows.numpy().astype(np.int64).reshape(n, count)
+        starts = np.ones((n, count), dtype=bool)
+        starts[:, 1:] = rows[:, 1:] != rows[:, :-1] + 1
+        first = np.flatnonzero(starts)  # each run's first position, objects after each other
+        lengths = np.diff(np.append(first, n * count))
+        obj, place = np.divmod(first, count)
         runs, offset = [], 0
         for index, row_bytes in enumerate(layer.row_bytes):
-            runs.append(_run_block(index, rows, 1, (base[:, None] + offset + step * row_bytes).reshape(-1)))
-            offset += self.tail_rows * row_bytes
-        return _merged_runs(np.concatenate(runs), np.asarray(layer.row_bytes, dtype=np.int64))
+            runs.append(_run_block(index, rows.reshape(-1)[first], lengths, base[obj] + offset + place * row_bytes))
+            offset += count * row_bytes
+        return np.concatenate(runs)
