@@ -103,6 +103,26 @@ def test_a_damaged_object_is_a_miss_and_the_rest_is_recomputed(how, which, piece
         assert b.block_bytes(3, block) == a.block_bytes(0, block)
 
 
+@pytest.mark.parametrize("tail_batch", [1, 2, 8])
+@pytest.mark.parametrize("missing", [0, 1, 3])
+def test_a_load_ends_at_the_furthest_tail_a_backend_holds(tail_batch, missing, monkeypatch):
+    """Tails are looked up tail_batch at a time from the furthest end down: with the last
+    ``missing`` tails evicted, the load ends at the furthest one left, and no further."""
+    monkeypatch.setattr("ukv_torch.tiers.cache._TAIL_BATCH", tail_batch)
+    tier = host()
+    a, p = saved_engine("row_space", tier)
+    _, tails = object_names(a, p)
+    for name in tails[len(tails) - missing:]:
+        start, size = tier._objects.pop(name)
+        tier._arena.free(start, size)
+    b = TierEngine("elastic", [tier], seed=9)
+    cached = b.prefill(3, p)
+    assert cached == (5 - missing) * BS
+    assert b.tiers.stats()["loaded_blocks"] == 5 - missing
+    for block in range(cached // BS):
+        assert b.block_bytes(3, block) == a.block_bytes(0, block)
+
+
 def test_objects_of_another_model_or_salt_are_never_read():
     tier = host()
     a, p = saved_engine("row_space", tier)

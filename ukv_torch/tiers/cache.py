@@ -48,12 +48,18 @@ from .staging import Staging, aligned
 __all__ = ["TierCache"]
 
 _STAGING_OBJECTS = 64  # default staging: at least this many objects of the larger kind
-_LOAD_PIECE_BLOCKS = 32  # a load's blocks are looked up and their copies started this many at a time
+# A load's blocks are looked up and their copies started piece by piece: the first piece small, so its
+# copy starts early, then each twice the last, up to the largest (the host's work on a piece takes less
+# than its copy: pieces that grow keep the copies going while the host stays ahead).
+_FIRST_LOAD_PIECE_BLOCKS, _LOAD_PIECE_BLOCKS = 4, 32
+_TAIL_BATCH = 8  # tail objects looked up at once, from the load's furthest end down
 # A save goes in pieces of at most this many bytes of objects: the copy of one piece to host memory
-# runs while the next is gathered and sealed, so only the first piece's host work and gather wait in
-# front of the copies. A piece also costs fixed host time (about 1.4 ms on an H100 host: run lists,
-# uploads, launches), so pieces too small leave the copy waiting for the host. (A 32K-token V4-Pro
-# prefix, 1.37 GB: two halves reached 65% of an H100's pinned copy, 64 MiB pieces 45%.)
+# runs while the next is gathered and sealed. A piece also costs fixed host time (about 1.4 ms on an H100
+# host: run lists, uploads, launches), so pieces too small leave the copy waiting for the host. (A
+# 32K-token V4-Pro prefix, 1.37 GB: two halves reached 65% of an H100's pinned copy, 64 MiB pieces 45%.)
+# The blocks are located in groups, the first _FIRST_SAVE_GROUP blocks and then each group twice the
+# last, so the first copy starts after a few blocks' host work, not after every block's.
+_FIRST_SAVE_GROUP = 8
 _SAVE_PIECE_BYTES = 192 << 20
 
 
@@ -153,9 +159,16 @@ class TierCache:
         blocks = [block for block, saved in zip(published, everywhere) if not saved]
         if not blocks:
             return
+        start, group = 0, _FIRST_SAVE_GROUP
+        while start < len(blocks):
+            self._save_group(mgr, blocks[start: start + group])
+            start, group = start + group, 2 * group
+
+    def _save_group(self, mgr, blocks) -> None:
+        """Locate a group of published blocks and save it in pieces of at most _SAVE_PIECE_BYTES
+        of objects and half the staging (a step of whole chunks publishes every block with its
+        tail, which a smaller staging saves in part)."""
         where, units, found, has_tail = self._locate(mgr, blocks)
-        # In pieces of at most _SAVE_PIECE_BYTES of objects and half the staging: a step of
-        # whole chunks publishes every block with its tail, which a smaller staging saves in part.
         limit = min(self.staging.size // 2, _SAVE_PIECE_BYTES)
         sizes = found * self._block_bytes + has_tail * self._tail_bytes
         start, size = 0, 0
@@ -317,37 +330,44 @@ class TierCache:
                 fetch.close(self.load_stream)
 
     def _fetch(self, fetch: ObjectFetch, tokens: torch.Tensor, salt: Salt, first: int, last: int) -> Optional[_Load]:
-        """Blocks [first, last) read in pieces of _LOAD_PIECE_BLOCKS (their copies start while
-        the next piece's keys are chained and looked up), up to the first block no
-        backend holds whole; then the furthest end with a tail object whose blocks and
-        tail are sound on the device."""
+        """Blocks [first, last) read in pieces (their copies start while the next piece's keys
+        are chained and looked up), up to the first block no backend holds whole; then the
+        furthest end with a tail object whose blocks and tail are sound on the device."""
         bs = self.config.block_size
         parent = root_key(self.layout.fingerprint, salt)
         if first:
             parent = chain_keys(parent, tokens, bs, first)[-1]  # the HBM hit's blocks: the chain's start
-        tails: List[bool] = []  # per block read whole: whether a tail object ends there
-        while first + len(tails) < last:
-            start = first + len(tails)
-            keys = chain_keys(parent, tokens, bs, min(_LOAD_PIECE_BLOCKS, last - start), start=start)
-            parent = keys[-1]
+        piece = min(_FIRST_LOAD_PIECE_BLOCKS, _LOAD_PIECE_BLOCKS)
+        while first + len(fetch.keys) < last:
+            start = first + len(fetch.keys)
+            keys = chain_keys(parent, tokens, bs, min(piece, last - start), start=start)
+            parent, piece = keys[-1], min(2 * piece, _LOAD_PIECE_BLOCKS)
             present = self._present([key_name(k) for k in keys])
             found = present.index(False) if False in present else len(keys)
-            whole = fetch.blocks(keys[:found])
-            tails += self._present([key_name(tail_key(k)) for k in keys[:whole]])
-            if whole < len(keys):
+            if fetch.blocks(keys[:found]) < len(keys):
                 break
-        ends = [first + 1 + i for i, t in enumerate(tails) if t]  # block boundaries a load may end at
-        while ends:
-            end = ends.pop()
-            if not fetch.read_tail(tail_key(fetch.keys[end - 1 - first])):
+        top = first + len(fetch.keys)  # no load ends past it
+        for end in self._tail_ends(fetch, first):
+            if end > top or not fetch.read_tail(tail_key(fetch.keys[end - 1 - first])):
                 continue
             sound, tail_sound = fetch.verify(end)
             if sound == end and tail_sound:
                 self._took(fetch, end)
                 return _Load(first * bs, end * bs, fetch.source, fetch.offsets(end))
-            ends = [e for e in ends if e <= sound]
+            top = min(sound, end - 1)
         self.counters["rejected_objects"] += len(fetch.rejected)
         return None
+
+    def _tail_ends(self, fetch: ObjectFetch, first: int):
+        """The block boundaries a load may end at, from the furthest down: those of the blocks
+        read whole where a backend holds a tail object (looked up _TAIL_BATCH at a time, as
+        the furthest one is usually there)."""
+        high = first + len(fetch.keys)
+        while high > first:
+            ends = range(high, max(first, high - _TAIL_BATCH), -1)
+            present = self._present([key_name(tail_key(fetch.keys[end - 1 - first])) for end in ends])
+            yield from (end for end, held in zip(ends, present) if held)
+            high = ends[-1] - 1
 
     def _took(self, fetch: ObjectFetch, end: int) -> None:
         """Count a load's objects by the backend that had them, and copy those a later
