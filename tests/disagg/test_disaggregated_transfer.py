@@ -210,12 +210,15 @@ def test_rows_the_receiver_names_wrongly_are_refused_before_any_byte_moves(endpo
     sender, receiver = sides(endpoints, a, b)
     honest = receiver.regions.runs
     receiver.regions.runs = lambda export, skip: tamper(honest(export, skip), endpoints[1].memory)
-    assert_answer_refused(sender, receiver, a, b, match)
+    assert_answer_refused(sender, receiver, a, b, match, lambda: setattr(receiver.regions, "runs", honest))
 
 
-def assert_answer_refused(sender, receiver, a, b, match):
+def assert_answer_refused(sender, receiver, a, b, match, honest):
     """The sender refuses the receiver's accept with a ValueError naming why:
-    nothing written, the sequence kept, the receiver's admission undone."""
+    nothing written, the sequence kept, the receiver's admission undone. Once
+    the receiver answers ``honest()``ly again, the same sender's next send goes
+    through (nothing of the refused one is left on its channel: the ping it
+    sent as it began checking is answered on a channel it dropped)."""
     before, gauges = b.snapshot(), counts(b)
     served = Served(receiver)
     with pytest.raises(ValueError, match=match):
@@ -223,6 +226,12 @@ def assert_answer_refused(sender, receiver, a, b, match):
     event, = served.wait()
     assert event.seq_id == RECEIVED and "abort" in event.reason
     assert a.mgr.has_sequence(SENT) and b.unchanged_since(before) and counts(b) == gauges
+    honest()
+    expected = a.sequence_bytes(SENT)
+    served = Served(receiver)
+    assert sender.send(SENT, receiver.address, RECEIVED).status == "sent"
+    event, = served.wait()
+    assert event.seq_id == RECEIVED and np.array_equal(b.sequence_bytes(RECEIVED).numpy(), expected.numpy())
     receiver.close()
     sender.close()
 
@@ -242,7 +251,8 @@ def test_pieces_that_are_not_whole_layers_in_order_are_refused_before_any_byte_m
     send = Channel.send
     monkeypatch.setattr(Channel, "send", lambda channel, message: send(
         channel, dict(message, **bad) if message["type"] == "accept" else message))
-    assert_answer_refused(sender, receiver, a, b, "the receiver's " + match)
+    assert_answer_refused(sender, receiver, a, b, "the receiver's " + match,
+                          lambda: monkeypatch.setattr(Channel, "send", send))
 
 
 def answer_to(receiver, channel, message):

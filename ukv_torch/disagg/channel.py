@@ -11,9 +11,9 @@ peer that died or hangs is an answer in bounded time, never a wait forever.
 `ping` is the one check that a peer's process runs: it needs the peer's
 own answer. A TCP connect, or a send that fits the socket's buffers, succeeds
 against a process stopped with SIGSTOP (the kernel takes them), so neither
-says anything. The sender pings the receiver just before handing its first
-write to the transfer engine (see endpoint.py for why the engine must never
-be the one to find a frozen peer).
+says anything. The sender asks for a pong as soon as the receiver accepted,
+and waits for it before it hands its first write to the transfer engine (see
+endpoint.py for why the engine must never be the one to find a frozen peer).
 """
 from __future__ import annotations
 
@@ -81,8 +81,18 @@ class Channel:
         answer (a frozen or busy peer), ChannelClosed if the peer is gone or
         answers anything else; after either, close the channel."""
         check_timeout("Channel.ping", timeout_s)
+        self.await_pong(self.send_ping(), timeout_s)
+
+    def send_ping(self) -> str:
+        """The first half of `ping`: ask for a "pong" and return at once, with the
+        nonce to pass to `await_pong` (the peer answers while the caller works on)."""
         nonce = uuid.uuid4().hex
         self.send(dict(type="ping", nonce=nonce))
+        return nonce
+
+    def await_pong(self, nonce: str, timeout_s: float) -> None:
+        """The second half of `ping`: the peer's next message must be the pong of
+        ``nonce``, within ``timeout_s`` (the same errors as `ping`)."""
         try:
             answer = self.receive(timeout_s)
         except TimeoutError:

@@ -6,7 +6,8 @@
 - accepted with the receiver's rows and pieces: checks them (inside the
   receiver's registered KV, the buffer's bytes once each, exactly what the
   sequence holds, pieces of whole layers) before any byte moves, pings the
-  receiver (its process must answer now: the accept may be from a process
+  receiver as it starts checking and waits for the pong before the first
+  write (its process must answer now: the accept may be from a process
   that froze since, and the transfer engine must never be the one to meet a
   frozen peer, see endpoint.py), then moves the pieces in order: a piece's
   writes go to the transfer engine, which
@@ -17,7 +18,9 @@
 With ``staging_bytes`` each piece is first gathered into a registered buffer
 of that size, the pieces placed in it in turn, and written from there (see
 KvReceiver for when that pays): gathered only once the pieces there before
-it landed. Into a receiver's staging buffer smaller than the sequence a
+it landed. The first layer, every transfer's first piece, is gathered while
+the receiver admits the sequence, so the first write starts once the answer
+is checked. Into a receiver's staging buffer smaller than the sequence a
 piece is written only once the receiver said it scattered the pieces there
 before it ("scattered k"). Between the offer and the acknowledgement the
 caller runs no step, so no row of the sequence moves or is reused while it
@@ -84,6 +87,7 @@ class KvSender:
                              f"got {receiver!r}")
         if receiver_seq_id is not None and (isinstance(receiver_seq_id, bool) or not isinstance(receiver_seq_id, int)):
             raise ValueError(f"KvSender.send: receiver_seq_id must be an int or None, got {receiver_seq_id!r}")
+        receiver = tuple(receiver)  # the key of its channel
         started = time.perf_counter()
         export = self.mgr.describe_sequence(seq_id)
         bounds = self.regions.layer_bounds(export)
@@ -98,8 +102,11 @@ class KvSender:
                      nbytes=int(bounds[-1]), piece_bytes=limit)
         host = time.perf_counter() - started
         try:
-            channel = self._channel(tuple(receiver))
+            channel = self._channel(receiver)
             channel.send(offer)
+            preparing = time.perf_counter()
+            prepared = self._prepare(export, bounds, channel)
+            host += time.perf_counter() - preparing
             answer = channel.receive(self.timeout_s)
         except (ChannelClosed, TimeoutError) as e:
             return self._failed(seq_id, receiver, f"no answer to the offer: {e}")
@@ -109,9 +116,10 @@ class KvSender:
         if answer.get("type") != "accept":
             raise ValueError(f"the receiver refused sequence {seq_id}: {answer.get('reason', answer.get('type'))}")
         try:
-            pipeline = _Pipeline(self, channel, xfer, export, answer, bounds)
+            pipeline = _Pipeline(self, channel, xfer, export, answer, bounds, prepared)
         except Exception as e:  # whatever stops the write, the receiver's admission must be undone
             self._tell(receiver, dict(type="abort", xfer=xfer, reason=f"the sender gave up: {e}"))
+            self._channels.pop(receiver).close()  # its pong may be on the way: a later send connects anew
             raise
         host += time.perf_counter() - answered
         try:
@@ -129,6 +137,19 @@ class KvSender:
         self.mgr.deallocate(seq_id)  # the receiver holds every byte now
         return SendResult("sent", int(answer["cached"]), nbytes=pipeline.nbytes, write_seconds=write_seconds,
                           host_seconds=host + gathering)
+
+    def _prepare(self, export: SequenceExport, bounds: np.ndarray, channel: Channel) -> Optional["_Prepared"]:
+        """While the receiver admits the sequence: its rows, checked, and its first layer
+        gathered at the staging buffer's start, where every transfer's first piece (the
+        first layer alone, kv_regions.pieces) goes. None without staging; no gather
+        once the receiver answered (a refusal comes quickly)."""
+        if not self._staging.holds(int(np.diff(bounds).max())):
+            return None
+        rows = SequenceRows(self.plan, self.kv, export, manager=self.mgr)
+        if channel.ready(0):
+            return _Prepared(rows, False)
+        rows.gather(self._staging.at(0, int(bounds[1])), 0, 1)
+        return _Prepared(rows, True)
 
     def _channel(self, receiver: Tuple[str, int]) -> Channel:
         if receiver not in self._channels:
@@ -161,15 +182,24 @@ class KvSender:
         return self.regions.memory() + self._staging.memory()
 
 
+class _Prepared(NamedTuple):
+    """What a sender readies while the receiver admits the sequence (KvSender._prepare)."""
+    rows: SequenceRows    # the sequence's rows, none skipped
+    first_layer: bool     # whether layer 0 is gathered at the staging buffer's start
+
+
 class _Pipeline:
     """One accepted transfer's pieces, checked before any byte moves, then
     written in order (see the module docstring)."""
 
     def __init__(self, sender: KvSender, channel: Channel, xfer: str, export: SequenceExport, answer: dict,
-                 bounds: np.ndarray):
+                 bounds: np.ndarray, prepared: Optional[_Prepared]):
         self.channel, self.xfer, self.peer = channel, xfer, answer["engine"]
         if not isinstance(self.peer, str) or not self.peer:
             raise ValueError(f"the receiver's engine name must be a non-empty string, got {self.peer!r}")
+        # answered while the answer is checked: a process frozen since its accept fails the send before
+        # the first write (run), within timeout_s, with no call of the engine made towards it
+        self.nonce = channel.send_ping()
         self.endpoint, self.timeout_s, self.staging = sender.endpoint, sender.timeout_s, sender._staging
         destination = np.frombuffer(answer["runs"], dtype=np.int64).reshape(-1, 3)
         check_destination(destination, int(bounds[-1]), [tuple(span) for span in answer["memory"]])
@@ -179,9 +209,14 @@ class _Pipeline:
         sizes = np.diff(self.starts)
         cached = int(answer["cached"])
         self.rows = held = None
+        self.gathered = 0  # pieces gathered before run (the first, by _prepare)
         if self.staging.holds(int(sizes.max())):  # every piece through the buffer: gathered, written from there
             self.places, self.room = self.staging.place(sizes)  # here: these pieces must have landed first
-            self.rows = SequenceRows(sender.plan, sender.kv, export, manager=sender.mgr, skip_below=cached)
+            self.rows = prepared.rows if prepared is not None and cached == 0 else \
+                SequenceRows(sender.plan, sender.kv, export, manager=sender.mgr, skip_below=cached)
+            # a first layer gathered whole serves any cached prefix: only the bytes beyond it are written
+            if prepared is not None and prepared.first_layer and self.layers[1] == 1 and self.places[0] == 0:
+                self.gathered = 1
             holds = self.rows.copied
         else:
             held = sender.regions.runs(export, cached)
@@ -196,38 +231,34 @@ class _Pipeline:
         self.in_flight: Deque[Tuple[int, Writes]] = collections.deque()
         self.landed = 0     # pieces that landed, each told to the receiver
         self.scattered = 0  # pieces the receiver scattered: its room that is free again
-        self.pinged = False  # whether the receiver answered this transfer's ping
 
     def run(self) -> Tuple[float, float]:
         """Write every piece; (seconds from the first gather to the last piece
         landed, seconds of them spent gathering)."""
         started, gathering = time.perf_counter(), 0.0
+        self._pong()
         for k in range(len(self.layers) - 1):
-            if self.rows is not None and self.first[k + 1] > self.first[k]:  # a piece all cached moves nothing
+            if self.rows is not None and self.first[k + 1] > self.first[k] and k >= self.gathered:
+                # (a piece all cached moves nothing)
                 self._until(lambda: self.landed >= self.room[k])
                 gathered = time.perf_counter()
                 self.rows.gather(self._staged(k), self.layers[k], self.layers[k + 1])
                 gathering += time.perf_counter() - gathered
             self._until(lambda: self.scattered >= self.after[k])
             writes = self._writes(k)
-            if len(writes) and not self.pinged:
-                self._ping()
             self.in_flight.append((k, self.endpoint.submit(self.peer, writes)))
         self._until(lambda: not self.in_flight)
         return time.perf_counter() - started, gathering
 
-    def _ping(self) -> None:
-        """The receiver's process answers, just before the first write is handed
-        to the transfer engine: a process frozen since its accept fails the send
-        here, within timeout_s, with no call of the engine made towards it.
-        Nothing else is in flight on the channel yet (a "scattered" only follows
-        a "written")."""
+    def _pong(self) -> None:
+        """The receiver's process answered the ping, before the first write is handed to
+        the transfer engine. Nothing else is in flight on the channel yet (a "scattered"
+        only follows a "written")."""
         try:
-            self.channel.ping(self.timeout_s)
+            self.channel.await_pong(self.nonce, self.timeout_s)
         except TimeoutError as e:
             raise TimeoutError(f"{e}: no write was handed to the transfer engine") from None
         self.endpoint.mark_alive(self.peer)
-        self.pinged = True
 
     def reply(self) -> dict:
         """The receiver's next message but "scattered" ones, within the timeout."""
