@@ -12,7 +12,8 @@ each chunk's save() is the host cost per block); "save" is then the whole
 prefix saved again into an empty tier, from save() until every object is in
 the tier (flush): the throughput of saves back to back, "load" a fresh
 manager's admission of the same prompt until its rows are written (admit:
-find, copy to the GPU, verify there; fill). Bytes are the objects' (headers
+find, copy to the GPU, write the rows as the copies land, verify there; then
+the first chunk staged, as an engine's step does). Bytes are the objects' (headers
 included). Each is timed after an unmeasured one of the same (a process's first
 save and load also take their device and pinned buffers from the driver). The
 reference copies the same number of bytes between one pinned host buffer and
@@ -62,7 +63,6 @@ def prefill(mgr, kv, tiers, seq_id, tokens, timings):
         mgr.stage([seq_id])
         if kv.planes:
             apply_row_copies(list(kv.planes), mgr.row_copies, mgr.row_copy_counts)
-        tiers.fill(mgr)
         mgr.commit_prefill([seq_id], [chunk], [1] if cached + chunk == len(tokens) else [-1])
         step_events = mgr.take_events()
         events += step_events
@@ -139,12 +139,11 @@ def run_prefix(prefix: int, device, steps: int) -> dict:
         mgr_b = KvManager(plan, device=device if device.type == "cuda" else None)
         sync(device)
         t0 = time.perf_counter()
-        cached = loader.admit(mgr_b, 1, tokens)  # find, fetch and verify (waits for the copy)
-        mgr_b.ensure_for_tokens([1], [min(CHUNK, len(tokens) - cached)])  # the first chunk: fill comes before it
+        cached = loader.admit(mgr_b, 1, tokens)  # find, copy, write the rows, verify (waits for the copy)
+        mgr_b.ensure_for_tokens([1], [min(CHUNK, len(tokens) - cached)])  # the first chunk, staged
         mgr_b.stage([1])
         if kv.planes:
             apply_row_copies(list(kv.planes), mgr_b.row_copies, mgr_b.row_copy_counts)
-        loader.fill(mgr_b)
         load_host_s = time.perf_counter() - t0
         sync(device)
         load_s = time.perf_counter() - t0

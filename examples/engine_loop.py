@@ -119,6 +119,8 @@ class Engine:
         self.model = TaggedModel(self.ops, self.metadata, seed=args.seed)
         self.master = None  # a mooncake_master this engine started itself
         self.tiers = None if args.tier == "none" else TierCache(self.plan, self.kv, self.tier_backends(args))
+        if self.tiers and args.fault == "skip-tier-rows":  # admissions load objects but never write their rows
+            self.tiers.layout.scatter = lambda *_, **__: None
         # Room for the drafts of the last step: positions up to len(tokens) - 1 + mtp_k.
         max_len = config.max_blocks_per_seq * config.block_size - 1 - config.mtp_k
         self.workload = Workload(self.rng, args.requests, max_len)
@@ -168,8 +170,6 @@ class Engine:
         if self.args.fault != "skip-row-copies":
             # Units the row space moved to make room: before anything reads or writes KV.
             self.ops.apply_row_copies()
-        if self.tiers and self.args.fault != "skip-tier-fill":  # loaded prefixes into their rows, before the forward
-            self.tiers.fill(self.mgr)
         self.forward(decode, prefill)
         self.commit(decode, prefill)
         if self.tiers:  # what the commit published, written through (before the next step's allocations)
@@ -233,8 +233,6 @@ class Engine:
 
     def deallocate(self, done: List[Request]) -> None:
         ids = [r.rid for r in done]
-        if self.tiers:
-            self.tiers.cancel_loads(ids)
         self.mgr.deallocate(ids)
 
     def forward(self, decode: List[Request], prefill: List[Tuple[Request, int]]) -> None:
@@ -384,9 +382,9 @@ def parse_args(argv=None):
                    help="after the run, keep this process (and the store memory it contributes) up until stdin "
                         "closes, so other engines can read what it saved")
     p.add_argument("--max-steps", type=int, default=3000)
-    p.add_argument("--fault", default="none", choices=("none", "table", "skip-row-copies", "skip-tier-fill"),
+    p.add_argument("--fault", default="none", choices=("none", "table", "skip-row-copies", "skip-tier-rows"),
                    help="table: damage a staged SWA entry in every step that decodes; skip-row-copies "
-                        "(row_space): never apply the manager's row copies; skip-tier-fill (with --tier): never "
+                        "(row_space): never apply the manager's row copies; skip-tier-rows (with --tier): never "
                         "write loaded prefixes into their rows. Each must make the check fail")
     return p.parse_args(argv)
 

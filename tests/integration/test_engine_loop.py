@@ -56,6 +56,6 @@ def test_restored_prefixes_read_what_their_positions_expect(layout):
 
 
 def test_the_check_fails_when_loaded_rows_are_not_written():
-    status, verdict, counts = run_example("--tier", "host", "--fault", "skip-tier-fill")
+    status, verdict, counts = run_example("--tier", "host", "--fault", "skip-tier-rows")
     assert (status, verdict) == (1, "FAIL"), counts
     assert int(counts["loaded_tokens"]) > 0 and int(counts["mismatches"]) > 0

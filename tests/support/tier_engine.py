@@ -50,7 +50,6 @@ class TierEngine:
         chunk = len(tokens) - cached
         self.mgr.ensure_for_tokens([seq_id], [chunk])
         self.step_rows([seq_id])
-        self.tiers.fill(self.mgr)
         self.mgr.commit_prefill([seq_id], [chunk], [7])
         self.tiers.save(self.mgr, self.mgr.take_events())
         self.tiers.flush()

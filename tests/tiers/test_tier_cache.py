@@ -1,9 +1,11 @@
 """TierCache over a HostTier: what the objects hold (against the rows read
 directly), restoring across layouts and page sizes, fail-closed faults
-(flipped bytes, truncated, another model's fingerprint, another salt), loads
-dropped for sequences that ended, saves refused while row copies are
-pending, and tails at every block boundary of a prompt prefilled under
+(flipped bytes, truncated, another model's fingerprint, another salt), a load
+found unsound after its admission given back, saves refused while row copies
+are pending, and tails at every block boundary of a prompt prefilled under
 memory pressure (whole chunks), saved before the next step reuses their rows."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -56,7 +58,6 @@ def restores_across_layouts(saver, loader, page, device):
     assert cached == 5 * BS and b.mgr.num_computed(3) == 5 * BS
     b.mgr.ensure_for_tokens([3], [N - cached])
     b.step_rows([3])
-    b.tiers.fill(b.mgr)
     for block in range(5):
         assert b.block_bytes(3, block) == a.block_bytes(0, block), block
     for position in range(5 * BS - (WINDOW - 1), 5 * BS):
@@ -146,38 +147,35 @@ def test_objects_of_another_model_or_salt_are_never_read():
     assert c.tiers.stats()["rejected_objects"] > 0
 
 
-def test_a_sequence_that_ends_before_its_load_is_written_gets_nothing():
+@pytest.mark.parametrize("layout", ["row_space", "static"])
+def test_a_load_found_unsound_after_its_admission_gives_its_rows_back_and_touches_no_other(layout):
+    """The rows are written as the copies land, before the objects are verified: a bad
+    block 3 makes admit free the sequence and admit it again with blocks 0-2 (the last
+    tail at or below them). Another live sequence's rows and the cached blocks stay as
+    they were, the pools are consistent, and the rows loaded are the saved ones."""
     tier = host()
     a, p = saved_engine("row_space", tier)
-    b = TierEngine("row_space", [tier], seed=9)
-    assert b.tiers.admit(b.mgr, 3, p) == 5 * BS
-    b.mgr.deallocate([3])  # preempted before its first step (the engine did not even cancel the load)
-    other = prompt(2, 6 * BS + 1)
-    assert b.tiers.admit(b.mgr, 4, other) == 0
-    b.mgr.ensure_for_tokens([4], [len(other)])
-    b.step_rows([4])
-    before = [b.block_bytes(4, block) for block in range(6)]
-    b.tiers.fill(b.mgr)
-    assert [b.block_bytes(4, block) for block in range(6)] == before
-    assert b.tiers.stats()["cancelled_loads"] == 1
+    blocks, _ = object_names(a, p)
+    damage(tier, blocks[3], "flip")
+    b = TierEngine(layout, [tier], seed=9)
+    other = prompt(4, 3 * BS + 1)
+    assert b.prefill(1, other) == 0
+    before = [b.block_bytes(1, block) for block in range(3)]
+    cached = b.tiers.admit(b.mgr, 3, p)
+    assert cached == 3 * BS and b.mgr.num_computed(3) == 3 * BS
+    b.mgr.check_invariants()
+    assert [b.block_bytes(1, block) for block in range(3)] == before
+    assert [b.block_bytes(3, block) for block in range(3)] == [a.block_bytes(0, block) for block in range(3)]
+    assert b.tiers.stats()["loaded_requests"] == 1 and b.tiers.stats()["loaded_blocks"] == 3
 
 
-def test_cancel_loads_drops_a_load():
-    """A cancelled load writes nothing, even into a sequence that still holds its rows;
-    a load holds no staging (it is on the device from admission on)."""
-    tier = host()
-    a, p = saved_engine("static", tier)
-    b = TierEngine("static", [tier], seed=9)
-    free = b.tiers.staging.free_bytes()
-    assert b.tiers.admit(b.mgr, 3, p) == 5 * BS
-    assert b.tiers.staging.free_bytes() == free
-    b.tiers.cancel_loads([3])
-    b.mgr.ensure_for_tokens([3], [len(p) - 5 * BS])
-    b.step_rows([3])
-    before = [b.block_bytes(3, block) for block in range(5)]
-    b.tiers.fill(b.mgr)
-    assert [b.block_bytes(3, block) for block in range(5)] == before != [a.block_bytes(0, k) for k in range(5)]
-    assert b.tiers.stats()["cancelled_loads"] == 1
+def test_a_row_space_kv_without_its_planes_is_refused_by_name():
+    """Admission applies the row copies it makes to the planes: KV tensors given
+    without them would leave those copies unmade."""
+    e = TierEngine("row_space", [host()])
+    kv = SimpleNamespace(kv=e.kv.kv, rope=e.kv.rope, indexer=e.kv.indexer)
+    with pytest.raises(ValueError, match="kv.planes"):
+        TierCache(e.plan, kv, [host()])
 
 
 def test_a_refused_admission_loads_nothing_and_changes_nothing():
@@ -213,7 +211,6 @@ def test_saving_while_row_copies_are_pending_is_refused():
             return
         e.tiers.save(e.mgr, events)  # nothing moved: the rows are where the manager says
         e.step_rows([seq])
-        e.tiers.fill(e.mgr)
         e.mgr.commit_prefill([seq], [len(p) - cached], [1])
         events = e.mgr.take_events()
         live.append(seq)
@@ -293,7 +290,6 @@ def test_under_pressure_every_block_boundary_gets_a_tail_saved_before_its_rows_a
     assert b.tiers.admit(b.mgr, 3, q) == 3 * BS
     b.mgr.ensure_for_tokens([3], [len(q) - 3 * BS])
     b.step_rows([3])
-    b.tiers.fill(b.mgr)
     assert [b.block_bytes(3, block) for block in range(3)] == blocks
     assert [x for position in TAIL_3 for x in b.position_bytes(3, position)] == tail_bytes
 
@@ -347,6 +343,5 @@ def test_a_load_ends_where_the_row_space_copy_list_has_room_and_its_rows_are_rig
     assert b.tiers.stats()["loaded_blocks"] == 14
     b.mgr.ensure_for_tokens([3], [64])
     b.step_rows([3])
-    b.tiers.fill(b.mgr)
     for block in range(14):  # (the saver's window has left the tail's positions: the tail is checked elsewhere)
         assert b.block_bytes(3, block) == a.block_bytes(0, block), block

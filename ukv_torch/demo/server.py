@@ -219,8 +219,6 @@ class Server:
         return decoding
 
     def _deallocate(self, r: Request) -> None:
-        if self.tiers is not None:
-            self.tiers.cancel_loads([r.seq_id])
         self.mgr.deallocate(r.seq_id)
 
     def _preempt(self, r: Request) -> None:
@@ -317,8 +315,6 @@ class Server:
         tables = self.mgr.tables[: len(batch)]
         if self.kv is not None:  # the units the row space moved, before the step touches KV
             self.kv.apply_copies(self.mgr.row_copies, self.mgr.row_copy_counts)
-        if self.tiers is not None:  # loaded prefixes into their rows, before the model reads them
-            self.tiers.fill(self.mgr)
         decode_tokens = [Token(i, r.tags.tags, r.computed, 1, f"request {r.rid} (decode)")
                          for i, r in enumerate(decoding)]
         prefill_tokens = [Token(len(decoding) + j, r.tags.tags, r.computed, n, f"request {r.rid} (prefill)")

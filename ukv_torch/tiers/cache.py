@@ -17,15 +17,14 @@
 - ``admit(mgr, seq_id, tokens)`` instead of ``mgr.allocate``: the HBM hit
   is extended by the blocks that continue it in the tiers (host first, then
   the next backend; what a later backend had is copied into the earlier
-  ones), copied to the KV's device (straight out of a HostTier's memory) and
-  verified there before anything is claimed, so a missing, truncated,
-  foreign or corrupt object just ends the loaded prefix there (the rest is
-  prompt). The request is admitted with that prefix as computed
-  (``KvManager.allocate(loaded_tokens=...)``: the same promise and refusals).
-- ``fill(mgr)`` in every step after the row copies and before the forward:
-  the loaded objects are scattered into the rows their sequences hold now,
-  on the step's stream (no host sync).
-  A sequence that ended (or was preempted) in between gets nothing written.
+  ones), copied to the KV's device (straight out of a HostTier's memory).
+  The request is admitted with that prefix as computed
+  (``KvManager.allocate(loaded_tokens=...)``: the same promise and refusals)
+  and its rows are written on the step's stream as the copies land, while
+  the objects are verified on the device; admit returns once they are. A
+  missing, truncated, foreign or corrupt object ends the loaded prefix
+  before it (the rest is prompt): the admission is then made again with the
+  sound prefix, so the answer the engine gets is final.
 """
 from __future__ import annotations
 
@@ -38,6 +37,7 @@ import torch
 
 from ..manager.kv_events import KvEvent, KvEventKind, KvRole
 from ..manager.kv_manager import token_tensor
+from ..ops import apply_row_copies
 from ..manager.prefix_hashing import Salt, key_tensor, swa_page_hashes
 from .backend import TierBackend
 from .fetch import ObjectFetch, merged_copies
@@ -77,14 +77,6 @@ class _Save:
     nbytes: int = 0
 
 
-@dataclass
-class _Load:
-    begin: int                  # the HBM hit in tokens: rows below it are the prefix cache's
-    end: int                    # the loaded prefix's end
-    source: torch.Tensor        # the verified objects on the KV's device, at offsets
-    offsets: List[int]          # of the block objects, then the tail object
-
-
 class TierCache:
     """The tiers of one engine (``backends``, searched in order) over the KV tensors
     ``kv`` of ``plan`` (None: sizes only, for capacity studies; see ObjectLayout).
@@ -104,6 +96,9 @@ class TierCache:
         backends = list(backends)
         if not backends or not all(isinstance(b, TierBackend) for b in backends):
             raise ValueError(f"TierCache: backends must be a non-empty list of TierBackend, got {backends!r}")
+        if plan.config.layout == "row_space" and kv is not None and not getattr(kv, "planes", None):
+            raise ValueError("TierCache: a row-space kv must carry its planes (kv.planes, as allocate_unified_kv "
+                             "gives): admit applies the row copies its admission makes to them")
         layout = ObjectLayout(plan, kv)
         largest = max(layout.object_bytes(BLOCK), layout.object_bytes(TAIL))
         for b in backends:
@@ -120,7 +115,7 @@ class TierCache:
         if staging_bytes < 2 * aligned(largest):
             raise ValueError(f"TierCache: staging_bytes must hold a block and a tail object ({2 * aligned(largest)} "
                              f"bytes), got {staging_bytes}")
-        self.plan, self.config, self.layout, self.backends = plan, config, layout, backends
+        self.plan, self.kv, self.config, self.layout, self.backends = plan, kv, config, layout, backends
         self._block_bytes, self._tail_bytes = block, tail
         self.device = layout.device
         self.cuda = self.device is not None and self.device.type == "cuda"
@@ -136,10 +131,8 @@ class TierCache:
         self._tables = 1 if self.config.layout == "row_space" else len(self.config.compress_ratios)
         self._first_tail_page = (bs - layout.tail_rows) // page
         self._saves: List[_Save] = []
-        self._loads: Dict[int, _Load] = {}
         self.counters = dict(saved_objects=0, saved_bytes=0, dropped_saves=0, lookups=0, loaded_requests=0,
-                             loaded_blocks=0, loaded_tokens=0, loaded_bytes=0, rejected_objects=0,
-                             cancelled_loads=0, **{f"{b.name}_fetched_objects": 0 for b in backends})
+                             loaded_blocks=0, loaded_tokens=0, loaded_bytes=0, rejected_objects=0, **{f"{b.name}_fetched_objects": 0 for b in backends})
 
     # --- saving -------------------------------------------------------------------------
     def save(self, mgr, events: Sequence[KvEvent]) -> None:
@@ -273,38 +266,44 @@ class TierCache:
     # --- loading ------------------------------------------------------------------------
     def admit(self, mgr, seq_id: int, tokens, *, salt: Salt = None, max_load_tokens: Optional[int] = None) -> int:
         """``mgr.allocate(seq_id, tokens, salt=salt)`` with the prefix the tiers hold beyond
-        the HBM hit loaded: same answers (the cached prefix in tokens, or NOT_NOW /
-        NEVER_FITS with nothing changed). ``max_load_tokens`` bounds what one
-        admission loads (None: what the tiers hold; in the row space the manager
-        also bounds it by its copy list's share for loads in this step).
+        the HBM hit loaded into the sequence's rows: same answers (the cached prefix in
+        tokens, or NOT_NOW / NEVER_FITS with nothing changed). ``max_load_tokens`` bounds
+        what one admission loads (None: what the tiers hold; in the row space the manager
+        also bounds it by its copy list's share for loads).
 
-        The objects are copied to the KV's device and verified there before
-        anything is claimed: admit waits for that copy (on a stream of its
-        own, not the step's), so it takes about the PCIe time of the bytes.
+        The objects are copied to the KV's device on a stream of their own. The
+        sequence is admitted with them as computed as soon as the load's end is
+        known, and its rows are written from the objects on the current stream
+        as their copies land (after the row copies its admission made, which
+        admit stages and applies as ``KvReceiver`` does: call it between steps,
+        on the stream the steps run on). Admit returns once the objects are
+        verified on the device, so it takes about the PCIe time of the bytes. A
+        missing, truncated, foreign or corrupt object ends the loaded prefix
+        before it: then the sequence is freed (once the current stream has
+        written what it was given) and admitted again with the sound prefix, so
+        the answer is final and only verified KV is ever computed on.
 
         The first admission turns the manager's whole chunks on
         (``KvManager.set_whole_chunks``), which keeps a reserve of SWA pages
         apart: make it before the manager admits requests by itself (a
         RuntimeError otherwise, if their promises leave no room)."""
-        self.cancel_loads([seq_id])
         if self.config.enable_prefix_caching and not mgr.whole_chunks:
             mgr.set_whole_chunks(True)  # a tail at every block boundary of a prompt
-        tokens = token_tensor(tokens)  # checked once for the manager's three calls
-        load = self._find(mgr, tokens, salt, max_load_tokens)
-        cached = mgr.allocate(seq_id, tokens, salt=salt, loaded_tokens=0 if load is None else load.end)
-        if load is None or cached != load.end:  # nothing to load, or refused: nothing was claimed
-            return cached
-        self._loads[seq_id] = load
-        c = self.counters
-        c["loaded_requests"] += 1
-        c["loaded_blocks"] += (load.end - load.begin) // self.config.block_size
-        c["loaded_tokens"] += load.end - load.begin
-        c["loaded_bytes"] += (load.end - load.begin) // self.config.block_size * self.layout.object_bytes(BLOCK) + \
-            self.layout.object_bytes(TAIL)
-        return cached
+        tokens = token_tensor(tokens)  # checked once for the manager's calls
+        span = self._span(mgr, tokens, salt, max_load_tokens)
+        if span is None:
+            return mgr.allocate(seq_id, tokens, salt=salt)
+        step = torch.cuda.current_stream(self.device) if self.cuda else None
+        with self._stream(self.load_stream, after_current=False):
+            fetch = ObjectFetch(self, *span)
+            try:
+                return self._load(mgr, seq_id, tokens, salt, fetch, step)
+            finally:
+                fetch.close(self.load_stream)
 
-    def _find(self, mgr, tokens: torch.Tensor, salt: Salt, max_tokens: Optional[int]) -> Optional[_Load]:
-        """The longest verified continuation of the HBM hit, on the KV's device."""
+    def _span(self, mgr, tokens: torch.Tensor, salt: Salt, max_tokens: Optional[int]) -> Optional[Tuple[int, int]]:
+        """The blocks [first, last) a load may read: after the HBM hit, within the prompt,
+        the staging and the manager's bound; None when there are none."""
         bs = self.config.block_size
         hit = mgr.can_allocate(tokens, salt=salt)
         if hit < 0 or not self.config.enable_prefix_caching:
@@ -320,20 +319,38 @@ class TierCache:
         # most of last * bs it would take, so no key past it is computed and no load ends past it. (A 128K-token
         # prompt's 1,024 keys took 8 ms on an H100 host; a step of the benchmark binds 323 of its blocks.)
         last = min(last, mgr.can_allocate(tokens, salt=salt, loaded_tokens=last * bs) // bs)
-        if last <= first:
-            return None
-        with self._stream(self.load_stream, after_current=False):
-            fetch = ObjectFetch(self, first, last)
-            try:
-                return self._fetch(fetch, tokens, salt, first, last)
-            finally:
-                fetch.close(self.load_stream)
+        return (first, last) if last > first else None
 
-    def _fetch(self, fetch: ObjectFetch, tokens: torch.Tensor, salt: Salt, first: int, last: int) -> Optional[_Load]:
+    def _load(self, mgr, seq_id: int, tokens: torch.Tensor, salt: Salt, fetch: ObjectFetch, step) -> int:
+        """Read the blocks, then admit with the furthest end that has a tail object and
+        write the rows; an end found unsound is given back, and the next one below the
+        sound blocks tried. Without any: a plain allocate."""
+        bs, first = self.config.block_size, fetch.first
+        self._read_blocks(fetch, tokens, salt)
+        top = first + len(fetch.keys)  # no load ends past it
+        for end in self._tail_ends(fetch, first):
+            if end > top or not fetch.read_tail(tail_key(fetch.keys[end - 1 - first])):
+                continue
+            cached = mgr.allocate(seq_id, tokens, salt=salt, loaded_tokens=end * bs)
+            if cached < 0 or cached <= first * bs:  # refused, or admitted with the HBM hit alone
+                return cached
+            if cached == end * bs:
+                self._write_rows(mgr, seq_id, fetch, end, step)
+                sound, tail_sound = fetch.verify(end)
+                if sound == end and tail_sound:
+                    self._took(fetch, end)
+                    return cached
+                if step is not None:  # nothing writes rows the sequence no longer holds
+                    step.synchronize()
+            mgr.deallocate([seq_id])  # unsound, or fewer loaded than asked (the row space's share)
+            top = min(top, cached // bs, end - 1)
+        self.counters["rejected_objects"] += len(fetch.rejected)
+        return mgr.allocate(seq_id, tokens, salt=salt)
+
+    def _read_blocks(self, fetch: ObjectFetch, tokens: torch.Tensor, salt: Salt) -> None:
         """Blocks [first, last) read in pieces (their copies start while the next piece's keys
-        are chained and looked up), up to the first block no backend holds whole; then the
-        furthest end with a tail object whose blocks and tail are sound on the device."""
-        bs = self.config.block_size
+        are chained and looked up), up to the first block no backend holds whole."""
+        bs, first, last = self.config.block_size, fetch.first, fetch.last
         parent = root_key(self.layout.fingerprint, salt)
         if first:
             parent = chain_keys(parent, tokens, bs, first)[-1]  # the HBM hit's blocks: the chain's start
@@ -345,18 +362,7 @@ class TierCache:
             present = self._present([key_name(k) for k in keys])
             found = present.index(False) if False in present else len(keys)
             if fetch.blocks(keys[:found]) < len(keys):
-                break
-        top = first + len(fetch.keys)  # no load ends past it
-        for end in self._tail_ends(fetch, first):
-            if end > top or not fetch.read_tail(tail_key(fetch.keys[end - 1 - first])):
-                continue
-            sound, tail_sound = fetch.verify(end)
-            if sound == end and tail_sound:
-                self._took(fetch, end)
-                return _Load(first * bs, end * bs, fetch.source, fetch.offsets(end))
-            top = min(sound, end - 1)
-        self.counters["rejected_objects"] += len(fetch.rejected)
-        return None
+                return
 
     def _tail_ends(self, fetch: ObjectFetch, first: int):
         """The block boundaries a load may end at, from the furthest down: those of the blocks
@@ -369,10 +375,42 @@ class TierCache:
             yield from (end for end, held in zip(ends, present) if held)
             high = ends[-1] - 1
 
+    def _write_rows(self, mgr, seq_id: int, fetch: ObjectFetch, end: int, step) -> None:
+        """Write blocks [first, end)'s objects and the tail into the rows the sequence was
+        just given, on the step's stream, after the row copies its admission made: the
+        blocks whose copies have landed at once, each time the host gets here, and the
+        rest behind the device's wait for their copies (no host wait)."""
+        first, planes = fetch.first, getattr(self.kv, "planes", ())
+        with self._stream(step, after_current=False):
+            mgr.stage([seq_id])  # takes the unit moves this admission made (row space) ...
+            mgr.upload(1)
+            if planes:           # ... and makes them before any row is written
+                apply_row_copies(list(planes), mgr.row_copies, mgr.row_copy_counts)
+            tables = [mgr.logical_table(seq_id)] + [mgr.phys_table(seq_id, t) for t in range(self._tables)]
+            where = torch.stack([t[first:end] for t in tables], dim=1)
+            units = mgr.staged_swa_table(seq_id)[(end - 1) * self._ppb: end * self._ppb].view(1, -1)
+            offsets, count, done = fetch.offsets(end), end - first, 0
+            while done < count:
+                landed = fetch.landed(count)
+                if landed <= done:  # the host is ahead of the copies: the device waits for the rest
+                    fetch.wait(step, count)
+                    landed = count
+                self.layout.scatter(BLOCK, where[done:landed], fetch.source, offsets[done:landed])
+                done = landed
+            fetch.wait(step, count, tail=True)
+            self.layout.scatter(TAIL, units, fetch.source, offsets[-1:])
+            if step is not None:
+                fetch.source.record_stream(step)  # read there after admit returns
+
     def _took(self, fetch: ObjectFetch, end: int) -> None:
-        """Count a load's objects by the backend that had them, and copy those a later
-        backend had into the earlier ones."""
-        self.counters["rejected_objects"] += len(fetch.rejected)
+        """Count a load and its objects by the backend that had them, and copy those a
+        later backend had into the earlier ones."""
+        c, blocks = self.counters, end - fetch.first
+        c["rejected_objects"] += len(fetch.rejected)
+        c["loaded_requests"] += 1
+        c["loaded_blocks"] += blocks
+        c["loaded_tokens"] += blocks * self.config.block_size
+        c["loaded_bytes"] += blocks * self.layout.object_bytes(BLOCK) + self.layout.object_bytes(TAIL)
         loaded = fetch.loaded(end)
         for _, (level, _) in loaded:
             self.counters[f"{self.backends[level].name}_fetched_objects"] += 1
@@ -410,32 +448,6 @@ class TierCache:
             dst.copy_(src)
         backend.put(names, staged)
         self.staging.free(start, nbytes)
-
-    def fill(self, mgr) -> None:
-        """In every step, after its row copies are applied and before its forward: write
-        the loaded objects into their sequences' rows (on the current stream)."""
-        bs = self.config.block_size
-        for seq_id, load in list(self._loads.items()):
-            del self._loads[seq_id]
-            if not mgr.has_sequence(seq_id) or mgr.num_computed(seq_id) != load.end:
-                self.counters["cancelled_loads"] += 1  # it ended meanwhile: its rows are not its own any more
-                continue
-            first, end = load.begin // bs, load.end // bs
-            tables = [mgr.logical_table(seq_id)] + [mgr.phys_table(seq_id, t)
-                                                    for t in range(self._tables)]
-            where = torch.stack([t[first:end] for t in tables], dim=1)
-            units = mgr.staged_swa_table(seq_id)[(end - 1) * self._ppb: end * self._ppb].view(1, -1)
-            if self.cuda:  # written on the load stream, which admit waited for
-                load.source.record_stream(torch.cuda.current_stream(self.device))
-            self.layout.scatter(BLOCK, where, load.source, load.offsets[:-1])
-            self.layout.scatter(TAIL, units, load.source, load.offsets[-1:])
-
-    def cancel_loads(self, seq_ids: Sequence[int]) -> None:
-        """Drop the loads of sequences the engine deallocates or preempts before their
-        first step (``fill`` drops them as well when it finds them ended)."""
-        for seq_id in seq_ids:
-            if self._loads.pop(seq_id, None) is not None:
-                self.counters["cancelled_loads"] += 1
 
     # --- helpers ---------------------------------------------------------------------
     def _offsets(self, kinds: List[int]):

@@ -6,8 +6,8 @@ the host goes on with the next piece's keys and lookups: a load then takes
 about its copy's time, not the host's work and then the copy. (Found all at
 once, a 32K-token V4-Pro load spent 2 ms of an H100 host's time on lookups
 before its 3.7 ms copy began.) The tail object is read last, once the load's
-end is known, and the objects are verified on the device before anything is
-claimed.
+end is known. Each read's copies record an event, so the rows can be
+written from the blocks that landed while later ones are still copied.
 """
 from __future__ import annotations
 
@@ -48,10 +48,10 @@ class ObjectFetch:
     """Block objects of blocks [first, last) and one tail object, read from the cache's
     backends (searched in order) into one buffer on the KV's device: block b's at
     ``(b - first) * block_bytes``, the tail's after the last block's place. Make it,
-    and call everything, on the cache's load stream."""
+    and call everything but ``wait``, on the cache's load stream."""
 
     def __init__(self, cache, first: int, last: int):
-        self.cache, self.first = cache, first
+        self.cache, self.first, self.last = cache, first, last
         self.block_bytes = aligned(cache.layout.object_bytes(BLOCK))
         self.tail_offset = (last - first) * self.block_bytes
         self.source = torch.empty(self.tail_offset + cache.layout.object_bytes(TAIL), dtype=torch.uint8,
@@ -63,6 +63,8 @@ class ObjectFetch:
         self.rejected: Set[str] = set()                           # names read with a wrong size or unsound
         self._staged: Optional[int] = None                        # a staging range mirroring `source`
         self._copied = False
+        self._landing: List[Tuple[int, object]] = []  # (blocks read whole so far, their copies' event), CUDA
+        self._tail_landing: Optional[object] = None   # the tail's copy's event, CUDA
 
     def blocks(self, keys: List[bytes]) -> int:
         """Read the next blocks' objects (their keys, in order) and start their copies:
@@ -74,13 +76,44 @@ class ObjectFetch:
         whole = next((i for i, g in enumerate(got) if g is None), len(got))
         self.keys += keys[:whole]
         self.read_by += got[:whole]
+        if whole and self.cache.cuda:
+            self._landing.append((len(self.keys), self._recorded()))
         return whole
 
     def read_tail(self, key: bytes) -> bool:
         """Read a tail object into the tail's place (replacing any read before): whether it was whole."""
         got = self._read([key_name(key)], self.cache.layout.object_bytes(TAIL), [self.tail_offset])[0]
         self.tail = None if got is None else (key, got)
+        if got is not None and self.cache.cuda:
+            self._tail_landing = self._recorded()
         return got is not None
+
+    @staticmethod
+    def _recorded():
+        event = torch.cuda.Event()
+        event.record()  # on the load stream, the current one here
+        return event
+
+    def landed(self, count: int) -> int:
+        """How many of the first ``count`` blocks are on the device now (their copies
+        completed; all of them without CUDA). Never waits."""
+        done = 0 if self._landing else count
+        for blocks, event in self._landing:
+            if not event.query():
+                break
+            done = blocks
+        return min(done, count)
+
+    def wait(self, stream, count: int, tail: bool = False) -> None:
+        """Make ``stream`` wait (on the device, not the host) for the copies of the first
+        ``count`` blocks, or of the tail with ``tail``."""
+        if stream is None:
+            return
+        if tail:
+            stream.wait_event(self._tail_landing)
+            return
+        event = next(e for blocks, e in self._landing if blocks >= count)
+        stream.wait_event(event)
 
     def _read(self, names: List[str], size: int, offsets: List[int]) -> List[Optional[Tuple[int, torch.Tensor]]]:
         """Each object from the first backend that holds it whole (``size`` bytes), its copy to
