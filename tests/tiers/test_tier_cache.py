@@ -161,7 +161,11 @@ def test_a_load_found_unsound_after_its_admission_gives_its_rows_back_and_touche
     other = prompt(4, 3 * BS + 1)
     assert b.prefill(1, other) == 0
     before = [b.block_bytes(1, block) for block in range(3)]
+    allocate, claims = b.mgr.allocate, []
+    b.mgr.allocate = lambda *args, loaded_tokens=0, **kw: claims.append(loaded_tokens) or \
+        allocate(*args, loaded_tokens=loaded_tokens, **kw)
     cached = b.tiers.admit(b.mgr, 3, p)
+    assert claims == [5 * BS, 3 * BS]  # the whole load, then at once the sound blocks' end
     assert cached == 3 * BS and b.mgr.num_computed(3) == 3 * BS
     b.mgr.check_invariants()
     assert [b.block_bytes(1, block) for block in range(3)] == before

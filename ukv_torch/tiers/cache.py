@@ -334,6 +334,7 @@ class TierCache:
             cached = mgr.allocate(seq_id, tokens, salt=salt, loaded_tokens=end * bs)
             if cached < 0 or cached <= first * bs:  # refused, or admitted with the HBM hit alone
                 return cached
+            sound = cached // bs  # fewer loaded than asked (the row space's share): the load ends there or below
             if cached == end * bs:
                 self._write_rows(mgr, seq_id, fetch, end, step)
                 sound, tail_sound = fetch.verify(end)
@@ -342,8 +343,8 @@ class TierCache:
                     return cached
                 if step is not None:  # nothing writes rows the sequence no longer holds
                     step.synchronize()
-            mgr.deallocate([seq_id])  # unsound, or fewer loaded than asked (the row space's share)
-            top = min(top, cached // bs, end - 1)
+            mgr.deallocate([seq_id])
+            top = min(top, sound, end - 1)
         self.counters["rejected_objects"] += len(fetch.rejected)
         return mgr.allocate(seq_id, tokens, salt=salt)
 
