@@ -110,12 +110,13 @@ def test_lru_eviction_against_a_model():
             else:
                 assert got == -1
         else:
-            view = tier.peek([key])[0]
+            arena, (place,) = tier.peek([key])
             if key in model.objects:
                 model.objects.move_to_end(key)
-                assert bytes(view.tolist()) == model.objects[key][1]
+                start, size = place
+                assert bytes(arena[start: start + size].tolist()) == model.objects[key][1]
             else:
-                assert view is None
+                assert place is None
         assert tier.contains(keys) == [k in model.objects for k in keys]
         assert tier.stats()["bytes_used"] == sum(len(d) for _, d in model.objects.values())
     assert model.reserved.keys() == views.keys()

@@ -24,7 +24,7 @@ fails because a tier did.
 from __future__ import annotations
 
 import abc
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -67,12 +67,13 @@ class TierBackend(abc.ABC):
         """End the reservations of `keys`: store those `written`, free the others."""
         raise NotImplementedError(f"{type(self).__name__} reserves nothing, so it has nothing to commit")
 
-    def peek(self, keys: Sequence[str]) -> Optional[List[Optional[torch.Tensor]]]:
+    def peek(self, keys: Sequence[str]) -> Optional[Tuple[torch.Tensor, List[Optional[Tuple[int, int]]]]]:
         """The stored objects themselves, for the caller to copy from in place
-        (counted as gets): per key a uint8 host tensor of the object's bytes, or
-        None where it is missing. The tensors stay valid until the backend's
-        next put, reserve, commit or close. None (the default): this backend
-        lends no memory, use `get`."""
+        (counted as gets): the uint8 host buffer they lie in, and per key the
+        object's (start, bytes) in it, or None where it is missing (places, not
+        a tensor per object: a load looks up hundreds at once). They stay valid
+        until the backend's next put, reserve, commit or close. None (the
+        default): this backend lends no memory, use `get`."""
         return None
 
     @abc.abstractmethod

@@ -231,7 +231,7 @@ class TierCache:
         refused = [save.names[i] for i, v in enumerate(views) if v is None]
         if refused:  # stored already, or no room that is not reserved
             self.counters["dropped_saves"] += sum(not p for p in backend.contains(refused))
-        for host, offset, size in merged_copies([(views[i], save.offsets[i]) for i in taken]):
+        for host, offset, size in merged_copies([(views[i], 0, views[i].numel(), save.offsets[i]) for i in taken]):
             host.copy_(target[offset: offset + size], non_blocking=True)
         save.reserved.append((backend, [save.names[i] for i in taken]))
 
@@ -393,11 +393,18 @@ class TierCache:
             offsets, count, done = fetch.offsets(end), end - first, 0
             while done < count:
                 landed = fetch.landed(count)
-                if landed <= done:  # the host is ahead of the copies: the device waits for the rest
-                    fetch.wait(step, count)
-                    landed = count
-                self.layout.scatter(BLOCK, where[done:landed], fetch.source, offsets[done:landed])
-                done = landed
+                if landed > done:
+                    self.layout.scatter(BLOCK, where[done:landed], fetch.source, offsets[done:landed])
+                    done = landed
+                    continue
+                # The host is ahead of the copies: the rest behind the device's waits for them, the last
+                # read's blocks alone, so that little is left to write once the last copy lands.
+                last = max(done, fetch.piece_start(count))
+                for low, high in ((done, last), (last, count)):
+                    if high > low:
+                        fetch.wait(step, high)
+                        self.layout.scatter(BLOCK, where[low:high], fetch.source, offsets[low:high])
+                done = count
             fetch.wait(step, count, tail=True)
             self.layout.scatter(TAIL, units, fetch.source, offsets[-1:])
             if step is not None:
@@ -413,17 +420,17 @@ class TierCache:
         c["loaded_tokens"] += blocks * self.config.block_size
         c["loaded_bytes"] += blocks * self.layout.object_bytes(BLOCK) + self.layout.object_bytes(TAIL)
         loaded = fetch.loaded(end)
-        for _, (level, _) in loaded:
-            self.counters[f"{self.backends[level].name}_fetched_objects"] += 1
-        self._copy_nearer([name for name, _ in loaded], [by for _, by in loaded])
+        for _, read, _ in loaded:
+            c[f"{self.backends[read.level].name}_fetched_objects"] += 1
+        self._copy_nearer([(name, read.level, read.bytes(size)) for name, read, size in loaded if read.level])
 
-    def _copy_nearer(self, names: List[str], read_by: List[Tuple[int, torch.Tensor]]) -> None:
-        """What a later backend had goes into the backends searched before it (a
-        later load finds it nearer)."""
+    def _copy_nearer(self, objects: List[Tuple[str, int, torch.Tensor]]) -> None:
+        """What a later backend had, (name, its level, its bytes), goes into the backends
+        searched before it (a later load finds it nearer)."""
         for level in range(1, len(self.backends)):
-            found = [i for i, by in enumerate(read_by) if by[0] == level]
+            found = [(name, data) for name, at, data in objects if at == level]
             for nearer in self.backends[:level] if found else ():
-                self._put_host(nearer, [names[i] for i in found], [read_by[i][1] for i in found])
+                self._put_host(nearer, [name for name, _ in found], [data for _, data in found])
 
     def _put_host(self, backend: TierBackend, names: List[str], sources: List[torch.Tensor]) -> None:
         """Objects in host memory into ``backend``: into the memory it lends, else by

@@ -11,7 +11,7 @@ written from the blocks that landed while later ones are still copied.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Set, Tuple
+from typing import List, NamedTuple, Optional, Set, Tuple
 
 import torch
 
@@ -22,26 +22,39 @@ from .staging import ALIGN, aligned
 __all__ = ["ObjectFetch", "merged_copies"]
 
 
-def merged_copies(pairs: List[Tuple[torch.Tensor, int]]) -> List[Tuple[torch.Tensor, int, int]]:
-    """Copies between host tensors and offsets of one buffer, as few as possible:
-    (host tensor, offset, bytes), where objects that follow each other in both
+def merged_copies(pieces: List[Tuple[torch.Tensor, int, int, int]]) -> List[Tuple[torch.Tensor, int, int]]:
+    """Copies between host memory and offsets of one buffer, as few as possible.
+    ``pieces``: (host tensor, start in it, bytes, offset in the buffer); out:
+    (host view, offset, bytes), where pieces that follow each other in both
     (64-byte aligned, as the arenas and the staging place them) make one copy
     that spans the padding between them."""
     runs: List[list] = []
-    for host, offset in pairs:
-        size = host.numel()
+    storages = {}  # per host tensor: its storage, the storage's address and the tensor's first byte in it
+    for host, start, size, offset in pieces:
+        if id(host) not in storages:
+            storage = host.untyped_storage()
+            storages[id(host)] = (storage, storage.data_ptr(), host.storage_offset())
+        storage, address, base = storages[id(host)]
+        first = base + start
         if runs:
             prev = runs[-1]
-            gap = offset - (prev[2] + prev[3])
-            if host.untyped_storage().data_ptr() == prev[0].data_ptr() and 0 <= gap < ALIGN and \
-                    host.storage_offset() - prev[1] == offset - prev[2]:
-                prev[3] = offset + size - prev[2]
+            gap = offset - (prev[3] + prev[4])
+            if address == prev[1] and 0 <= gap < ALIGN and first - prev[2] == offset - prev[3]:
+                prev[4] = offset + size - prev[3]
                 continue
-        runs.append([host.untyped_storage(), host.storage_offset(), offset, size])
-    out = []
-    for storage, start, offset, size in runs:
-        out.append((torch.empty(0, dtype=torch.uint8).set_(storage, start, (size,)), offset, size))
-    return out
+        runs.append([storage, address, first, offset, size])
+    return [(torch.empty(0, dtype=torch.uint8).set_(storage, first, (size,)), offset, size)
+            for storage, _, first, offset, size in runs]
+
+
+class _Read(NamedTuple):
+    """Where an object was read: the backend's level, and its bytes in host memory."""
+    level: int
+    host: torch.Tensor  # the host buffer holding it (a backend's arena, or the staging)
+    start: int
+
+    def bytes(self, size: int) -> torch.Tensor:
+        return self.host[self.start: self.start + size]
 
 
 class ObjectFetch:
@@ -57,8 +70,8 @@ class ObjectFetch:
         self.source = torch.empty(self.tail_offset + cache.layout.object_bytes(TAIL), dtype=torch.uint8,
                                   device=cache.device or "cpu")
         self.keys: List[bytes] = []                               # the blocks read whole, in order
-        self.read_by: List[Tuple[int, torch.Tensor]] = []         # each one's (backend level, host bytes)
-        self.tail: Optional[Tuple[bytes, Tuple[int, torch.Tensor]]] = None  # the tail object in place
+        self.read_by: List[_Read] = []                            # where each one was read
+        self.tail: Optional[Tuple[bytes, _Read]] = None           # the tail object in place
         self.verified = 0                                         # blocks from the first found sound
         self.rejected: Set[str] = set()                           # names read with a wrong size or unsound
         self._staged: Optional[int] = None                        # a staging range mirroring `source`
@@ -115,35 +128,36 @@ class ObjectFetch:
         event = next(e for blocks, e in self._landing if blocks >= count)
         stream.wait_event(event)
 
-    def _read(self, names: List[str], size: int, offsets: List[int]) -> List[Optional[Tuple[int, torch.Tensor]]]:
+    def _read(self, names: List[str], size: int, offsets: List[int]) -> List[Optional[_Read]]:
         """Each object from the first backend that holds it whole (``size`` bytes), its copy to
-        its offset of ``source`` started: (level, host bytes), or None."""
+        its offset of ``source`` started: where it was read, or None."""
         cache = self.cache
-        out: List[Optional[Tuple[int, torch.Tensor]]] = [None] * len(names)
-        copies = []
+        out: List[Optional[_Read]] = [None] * len(names)
+        pieces = []
         for level, backend in enumerate(cache.backends):
             todo = [i for i, o in enumerate(out) if o is None]
             if not todo:
                 break
-            views = backend.peek([names[i] for i in todo])
-            if views is None:  # read into staging, at the objects' offsets
+            lent = backend.peek([names[i] for i in todo])
+            if lent is None:  # read into staging, at the objects' offsets
                 if self._staged is None:
                     self._staged = cache.staging.take(self.source.numel())
                     if self._staged is None:
                         continue
-                views = [cache.staging.buffer[self._staged + offsets[i]: self._staged + offsets[i] + size]
-                         for i in todo]
-                got = backend.get([names[i] for i in todo], views)
-                views = [v[:g] if g >= 0 else None for v, g in zip(views, got)]
-            for i, view in zip(todo, views):
-                if view is None:
+                host, starts = cache.staging.buffer, [self._staged + offsets[i] for i in todo]
+                got = backend.get([names[i] for i in todo], [host[start: start + size] for start in starts])
+                places = [(start, g) if g >= 0 else None for start, g in zip(starts, got)]
+            else:
+                host, places = lent
+            for i, place in zip(todo, places):
+                if place is None:
                     continue
-                if view.numel() != size:  # truncated or foreign: a later backend may hold it whole
+                if place[1] != size:  # truncated or foreign: a later backend may hold it whole
                     self.rejected.add(names[i])
                     continue
-                out[i] = (level, view)
-                copies.append((view, offsets[i]))
-        for host, offset, nbytes in merged_copies(copies):
+                out[i] = _Read(level, host, place[0])
+                pieces.append((host, place[0], size, offsets[i]))
+        for host, offset, nbytes in merged_copies(pieces):
             self.source[offset: offset + nbytes].copy_(host, non_blocking=True)
             self._copied = True
         for i, o in enumerate(out):
@@ -169,10 +183,15 @@ class ObjectFetch:
         """The offsets in ``source`` of blocks [first, end)'s objects, then the tail's."""
         return [i * self.block_bytes for i in range(end - self.first)] + [self.tail_offset]
 
-    def loaded(self, end: int) -> List[Tuple[str, Tuple[int, torch.Tensor]]]:
-        """(name, (level, host bytes)) of the objects a load ending at ``end`` takes."""
-        objects = list(zip(self.keys[: end - self.first], self.read_by))
-        return [(key_name(k), by) for k, by in objects + [self.tail]]
+    def loaded(self, end: int) -> List[Tuple[str, _Read, int]]:
+        """(name, where it was read, bytes) of the objects a load ending at ``end`` takes."""
+        layout, count = self.cache.layout, end - self.first
+        blocks = [(key_name(k), by, layout.object_bytes(BLOCK)) for k, by in zip(self.keys[:count], self.read_by)]
+        return blocks + [(key_name(self.tail[0]), self.tail[1], layout.object_bytes(TAIL))]
+
+    def piece_start(self, count: int) -> int:
+        """The first block of the read that brought block ``count - 1`` (CUDA)."""
+        return max((blocks for blocks, _ in self._landing if blocks < count), default=0)
 
     def close(self, stream) -> None:
         """After the load is taken or given up: wait for copies never verified (the host

@@ -137,23 +137,24 @@ class HostTier(TierBackend):
             else:
                 self._arena.free(*where)
 
-    def peek(self, keys: Sequence[str]) -> List[Optional[torch.Tensor]]:
-        return [self._lookup(key) for key in keys]
+    def peek(self, keys: Sequence[str]) -> Tuple[torch.Tensor, List[Optional[Tuple[int, int]]]]:
+        return self._arena.buffer, [self._lookup(key) for key in keys]
 
     def get(self, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> List[int]:
         self._check(keys, buffers, "get")
         return [self._get(key, buf) for key, buf in zip(keys, buffers)]
 
     def _get(self, key: str, buffer: torch.Tensor) -> int:
-        stored = self._lookup(key, room=buffer.numel())
-        if stored is None:
+        where = self._lookup(key, room=buffer.numel())
+        if where is None:
             return -1
-        buffer[:stored.numel()].copy_(stored)
-        return stored.numel()
+        start, size = where
+        buffer[:size].copy_(self._arena.buffer[start: start + size])
+        return size
 
-    def _lookup(self, key: str, room: Optional[int] = None) -> Optional[torch.Tensor]:
-        """A get of ``key``: its bytes in the arena (a use, for the LRU), or None where
-        it is missing or larger than ``room``."""
+    def _lookup(self, key: str, room: Optional[int] = None) -> Optional[Tuple[int, int]]:
+        """A get of ``key``: its (start, bytes) in the arena (a use, for the LRU), or None
+        where it is missing or larger than ``room``."""
         self._counts["gets"] += 1
         where = self._objects.get(key)
         if where is None or (room is not None and where[1] > room):
@@ -161,7 +162,7 @@ class HostTier(TierBackend):
             return None
         self._objects.move_to_end(key)
         self._counts["hits"] += 1
-        return self._arena.buffer[where[0]: where[0] + where[1]]
+        return where
 
     def contains(self, keys: Sequence[str]) -> List[bool]:
         return [key in self._objects for key in keys]
