@@ -13,7 +13,9 @@ prefix saved again into an empty tier, from save() until every object is in
 the tier (flush): the throughput of saves back to back, "load" a fresh
 manager's admission of the same prompt until its rows are written (admit:
 find, copy to the GPU, write the rows as the copies land, verify there; then
-the first chunk staged, as an engine's step does). Bytes are the objects' (headers
+the first chunk staged, as an engine's step does), the prompt given as the
+int64 tensor the manager takes ("load_gbps_list_prompt": given as a list of
+ints, whose conversion any admission pays, with a tier or without). Bytes are the objects' (headers
 included). Each is timed after an unmeasured one of the same (a process's first
 save and load also take their device and pinned buffers from the driver). The
 reference copies the same number of bytes between one pinned host buffer and
@@ -30,6 +32,7 @@ import time
 import torch
 
 from ukv_torch import KvManager, ServeConfig, allocate_unified_kv, apply_row_copies, plan_kv_layout
+from ukv_torch.manager.kv_manager import token_tensor
 from ukv_torch.plan.planning import MODEL_PRESETS
 from ukv_torch.tiers import HostTier, ObjectLayout, TierCache
 
@@ -86,6 +89,27 @@ def pinned_copy_gbps(nbytes: int, device, to_device: bool) -> float:
     return nbytes / (time.perf_counter() - t0) / 1e9
 
 
+def time_load(plan, kv, backends, staging: int, prompt, device):
+    """A fresh manager's admission of ``prompt`` through the tiers until its rows are written, and
+    its first chunk staged: (seconds, host seconds, cached tokens, the loader's stats). Once
+    unmeasured first, as the save."""
+    for warm in (True, False):
+        loader = TierCache(plan, kv, backends, staging_bytes=staging)
+        mgr = KvManager(plan, device=device if device.type == "cuda" else None)
+        sync(device)
+        t0 = time.perf_counter()
+        cached = loader.admit(mgr, 1, prompt)  # find, copy, write the rows, verify (waits for the copy)
+        mgr.ensure_for_tokens([1], [min(CHUNK, len(prompt) - cached)])  # the first chunk, staged
+        mgr.stage([1])
+        if kv.planes:
+            apply_row_copies(list(kv.planes), mgr.row_copies, mgr.row_copy_counts)
+        host_s = time.perf_counter() - t0
+        sync(device)
+        load_s = time.perf_counter() - t0
+        mgr.deallocate([1])
+    return load_s, host_s, cached, loader.stats()
+
+
 def decode_steps_ms(device, steps: int) -> float:
     """Mean time of a stand-in decode step (fixed matmul work), CUDA events."""
     n = 4096 if device.type == "cuda" else 512
@@ -132,23 +156,10 @@ def run_prefix(prefix: int, device, steps: int) -> dict:
         save_s = time.perf_counter() - t0
         saved = again.stats()
         del again
-    # Load: a fresh manager over the same tier (and the same tensors: the rows are written again), once
-    # unmeasured first, as the save.
-    for warm in (True, False):
-        loader = TierCache(plan, kv, saver.backends, staging_bytes=staging)
-        mgr_b = KvManager(plan, device=device if device.type == "cuda" else None)
-        sync(device)
-        t0 = time.perf_counter()
-        cached = loader.admit(mgr_b, 1, tokens)  # find, copy, write the rows, verify (waits for the copy)
-        mgr_b.ensure_for_tokens([1], [min(CHUNK, len(tokens) - cached)])  # the first chunk, staged
-        mgr_b.stage([1])
-        if kv.planes:
-            apply_row_copies(list(kv.planes), mgr_b.row_copies, mgr_b.row_copy_counts)
-        load_host_s = time.perf_counter() - t0
-        sync(device)
-        load_s = time.perf_counter() - t0
-        loaded = loader.stats()
-        mgr_b.deallocate([1])
+    # Load: a fresh manager over the same tier (and the same tensors: the rows are written again), the prompt
+    # as the int64 tensor the manager takes, and as a list (whose conversion any admission pays, tier or not).
+    load_s, load_host_s, cached, loaded = time_load(plan, kv, saver.backends, staging, token_tensor(tokens), device)
+    load_list_s = time_load(plan, kv, saver.backends, staging, tokens, device)[0]
     # Decode steps alone, then with the whole prefix's saves in flight (into an empty tier).
     alone = decode_steps_ms(device, steps)
     busy_tier = TierCache(plan, kv, [HostTier(tier_bytes)], staging_bytes=int(saved["saved_bytes"] * 1.2) + (64 << 20))
@@ -162,6 +173,7 @@ def run_prefix(prefix: int, device, steps: int) -> dict:
         "save_gbps": round(save_bytes / save_s / 1e9, 3),
         "pinned_d2h_gbps": round(pinned_copy_gbps(save_bytes, device, False), 3),
         "loaded_tokens": cached, "loaded_bytes": load_bytes, "load_gbps": round(load_bytes / load_s / 1e9, 3),
+        "load_gbps_list_prompt": round(load_bytes / load_list_s / 1e9, 3),
         "pinned_h2d_gbps": round(pinned_copy_gbps(load_bytes, device, True), 3),
         "host_us_per_block_saved": round(timings["save_host_s"] / blocks * 1e6, 1),
         "host_us_per_block_loaded": round(load_host_s / max(1, cached // BS) * 1e6, 1),
@@ -186,7 +198,8 @@ def main():
     print(f"device: {name}")
     for r in rows:
         print(f"{r['prefix_tokens']:>7} tokens: save {r['save_gbps']} GB/s (pinned D2H {r['pinned_d2h_gbps']}), "
-              f"load {r['load_gbps']} GB/s (pinned H2D {r['pinned_h2d_gbps']}), host {r['host_us_per_block_saved']} "
+              f"load {r['load_gbps']} GB/s ({r['load_gbps_list_prompt']} from a list; pinned H2D {r['pinned_h2d_gbps']}), "
+              f"host {r['host_us_per_block_saved']} "
               f"/ {r['host_us_per_block_loaded']} us per block saved / loaded, decode step {r['decode_step_ms']} ms "
               f"alone, {r['decode_step_ms_saves_in_flight']} ms with saves in flight "
               f"({r['decode_slowdown'] * 100:+.1f}%)")
