@@ -198,7 +198,8 @@ def main():
     print(f"device: {name}")
     for r in rows:
         print(f"{r['prefix_tokens']:>7} tokens: save {r['save_gbps']} GB/s (pinned D2H {r['pinned_d2h_gbps']}), "
-              f"load {r['load_gbps']} GB/s ({r['load_gbps_list_prompt']} from a list; pinned H2D {r['pinned_h2d_gbps']}), "
+              f"load {r['load_gbps']} GB/s ({r['load_gbps_list_prompt']} from a list; "
+              f"pinned H2D {r['pinned_h2d_gbps']}), "
               f"host {r['host_us_per_block_saved']} "
               f"/ {r['host_us_per_block_loaded']} us per block saved / loaded, decode step {r['decode_step_ms']} ms "
               f"alone, {r['decode_step_ms_saves_in_flight']} ms with saves in flight "

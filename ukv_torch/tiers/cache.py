@@ -37,8 +37,8 @@ import torch
 
 from ..manager.kv_events import KvEvent, KvEventKind, KvRole
 from ..manager.kv_manager import token_tensor
-from ..ops import apply_row_copies
 from ..manager.prefix_hashing import Salt, key_tensor, swa_page_hashes
+from ..ops import apply_row_copies
 from .backend import TierBackend
 from .fetch import ObjectFetch, merged_copies
 from .keys import KeyChain, chain_keys, key_name, root_key, tail_key
@@ -132,7 +132,8 @@ class TierCache:
         self._first_tail_page = (bs - layout.tail_rows) // page
         self._saves: List[_Save] = []
         self.counters = dict(saved_objects=0, saved_bytes=0, dropped_saves=0, lookups=0, loaded_requests=0,
-                             loaded_blocks=0, loaded_tokens=0, loaded_bytes=0, rejected_objects=0, **{f"{b.name}_fetched_objects": 0 for b in backends})
+                             loaded_blocks=0, loaded_tokens=0, loaded_bytes=0, rejected_objects=0,
+                             **{f"{b.name}_fetched_objects": 0 for b in backends})
 
     # --- saving -------------------------------------------------------------------------
     def save(self, mgr, events: Sequence[KvEvent]) -> None:
