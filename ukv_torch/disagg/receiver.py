@@ -147,6 +147,7 @@ class KvReceiver:
             self._remember(xfer)
             self._drop(channel)
             return Abort(seq_id, f"the sender went away: {e}")
+        move.prepare(self)
         self.host_seconds += time.perf_counter() - started
         return self._await_pieces(channel, move)
 
@@ -170,7 +171,7 @@ class KvReceiver:
                     reason = f"the sender answered {message.get('type')!r} {message.get('reason', '')}, " \
                              f"expected {expected['type']!r} of piece {k}"
                     break
-                if k < count and move.rows is not None:
+                if k < count and move.staged:
                     started = time.perf_counter()
                     move.scatter(k)
                     self.host_seconds += time.perf_counter() - started
@@ -259,10 +260,17 @@ class _Arriving:
         sizes = np.diff(self.starts)
         self.runs = receiver.regions.runs(mine, cached)
         self.rows, self.after = None, [0] * len(sizes)  # after[k]: pieces to scatter before piece k is written
-        if self.staging.holds(int(sizes.max())) and short(self.runs):
+        self.staged = self.staging.holds(int(sizes.max())) and short(self.runs)
+        if self.staged:
             self.places, self.after = self.staging.place(sizes)
             self.runs = staged(self.runs, self.starts, self.places, self.staging)
-            self.rows = SequenceRows(receiver.plan, receiver.kv, mine, manager=receiver.mgr, skip_below=cached)
+
+    def prepare(self, receiver: KvReceiver) -> None:
+        """Once the accept is sent (the sender checks it and pings meanwhile): the rows the
+        staged pieces are scattered into, checked."""
+        if self.staged:
+            self.rows = SequenceRows(receiver.plan, receiver.kv, self.mine, manager=receiver.mgr,
+                                     skip_below=self.cached)
 
     def scatter(self, k: int) -> None:
         """Piece k's bytes from the staging buffer into the rows."""
