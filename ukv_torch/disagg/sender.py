@@ -115,8 +115,12 @@ class KvSender:
             return SendResult("refused", int(answer["answer"]))
         if answer.get("type") != "accept":
             raise ValueError(f"the receiver refused sequence {seq_id}: {answer.get('reason', answer.get('type'))}")
+        try:  # answered while the answer is checked: a process frozen since its accept fails the send before
+            nonce = channel.send_ping()  # the first write (run), with no call of the engine made towards it
+        except ChannelClosed as e:
+            return self._failed(seq_id, receiver, f"the receiver went away after its accept: {e}")
         try:
-            pipeline = _Pipeline(self, channel, xfer, export, answer, bounds, prepared)
+            pipeline = _Pipeline(self, channel, xfer, export, answer, bounds, prepared, nonce)
         except Exception as e:  # whatever stops the write, the receiver's admission must be undone
             self._tell(receiver, dict(type="abort", xfer=xfer, reason=f"the sender gave up: {e}"))
             self._channels.pop(receiver).close()  # its pong may be on the way: a later send connects anew
@@ -193,13 +197,10 @@ class _Pipeline:
     written in order (see the module docstring)."""
 
     def __init__(self, sender: KvSender, channel: Channel, xfer: str, export: SequenceExport, answer: dict,
-                 bounds: np.ndarray, prepared: Optional[_Prepared]):
-        self.channel, self.xfer, self.peer = channel, xfer, answer["engine"]
+                 bounds: np.ndarray, prepared: Optional[_Prepared], nonce: str):
+        self.channel, self.xfer, self.peer, self.nonce = channel, xfer, answer["engine"], nonce
         if not isinstance(self.peer, str) or not self.peer:
             raise ValueError(f"the receiver's engine name must be a non-empty string, got {self.peer!r}")
-        # answered while the answer is checked: a process frozen since its accept fails the send before
-        # the first write (run), within timeout_s, with no call of the engine made towards it
-        self.nonce = channel.send_ping()
         self.endpoint, self.timeout_s, self.staging = sender.endpoint, sender.timeout_s, sender._staging
         destination = np.frombuffer(answer["runs"], dtype=np.int64).reshape(-1, 3)
         check_destination(destination, int(bounds[-1]), [tuple(span) for span in answer["memory"]])
