@@ -151,8 +151,8 @@ def test_objects_of_another_model_or_salt_are_never_read():
 def test_a_load_found_unsound_after_its_admission_gives_its_rows_back_and_touches_no_other(layout):
     """The rows are written as the copies land, before the objects are verified: a bad
     block 3 makes admit free the sequence and admit it again with blocks 0-2 (the last
-    tail at or below them). Another live sequence's rows and the cached blocks stay as
-    they were, the pools are consistent, and the rows loaded are the saved ones."""
+    tail at or below them). Another live sequence's rows stay as they were, the pools
+    are consistent, and the rows loaded are the saved ones."""
     tier = host()
     a, p = saved_engine("row_space", tier)
     blocks, _ = object_names(a, p)

@@ -151,8 +151,6 @@ class TierCache:
                     published.append((key, ev))
         everywhere = self._present([key_name(key) for key, _ in published], everywhere=True)
         blocks = [block for block, saved in zip(published, everywhere) if not saved]
-        if not blocks:
-            return
         start, group = 0, _FIRST_SAVE_GROUP
         while start < len(blocks):
             self._save_group(mgr, blocks[start: start + group])
@@ -329,8 +327,8 @@ class TierCache:
         bs, first = self.config.block_size, fetch.first
         self._read_blocks(fetch, tokens, salt)
         top = first + len(fetch.keys)  # no load ends past it
-        for end in self._tail_ends(fetch, first):
-            if end > top or not fetch.read_tail(tail_key(fetch.keys[end - 1 - first])):
+        for end, key in self._tail_ends(fetch):
+            if end > top or not fetch.read_tail(key):
                 continue
             cached = mgr.allocate(seq_id, tokens, salt=salt, loaded_tokens=end * bs)
             if cached < 0 or cached <= first * bs:  # refused, or admitted with the HBM hit alone
@@ -366,15 +364,17 @@ class TierCache:
             if fetch.blocks(keys[:found]) < len(keys):
                 return
 
-    def _tail_ends(self, fetch: ObjectFetch, first: int):
-        """The block boundaries a load may end at, from the furthest down: those of the blocks
-        read whole where a backend holds a tail object (looked up _TAIL_BATCH at a time, as
-        the furthest one is usually there)."""
+    def _tail_ends(self, fetch: ObjectFetch):
+        """(end, its tail object's key) of the block boundaries a load may end at, from the
+        furthest down: those of the blocks read whole where a backend holds a tail object
+        (looked up _TAIL_BATCH at a time, as the furthest one is usually there)."""
+        first = fetch.first
         high = first + len(fetch.keys)
         while high > first:
             ends = range(high, max(first, high - _TAIL_BATCH), -1)
-            present = self._present([key_name(tail_key(fetch.keys[end - 1 - first])) for end in ends])
-            yield from (end for end, held in zip(ends, present) if held)
+            keys = [tail_key(fetch.keys[end - 1 - first]) for end in ends]
+            present = self._present([key_name(key) for key in keys])
+            yield from ((end, key) for end, key, held in zip(ends, keys, present) if held)
             high = ends[-1] - 1
 
     def _write_rows(self, mgr, seq_id: int, fetch: ObjectFetch, end: int, step) -> None:
