@@ -89,10 +89,12 @@ def test_lru_eviction_against_a_model():
             buf[:size] = torch.tensor(list(data), dtype=torch.uint8)
             assert tier.put([key], [buf[:size]]) == [model.put(key, data)]
         elif what < 0.45:
-            view = tier.reserve([key], [size])[0]
-            assert (view is not None) == model.reserve(key, size)
-            if view is not None:
-                assert view.numel() == size
+            arena, (place,) = tier.reserve([key], [size])
+            assert (place is not None) == model.reserve(key, size)
+            if place is not None:
+                start, reserved = place
+                assert reserved == size and start % 64 == 0 and start + size <= arena.numel()
+                view = arena[start: start + size]
                 view.copy_(torch.tensor(list(data), dtype=torch.uint8))  # the caller's copy
                 views[key] = (view, data)
         elif what < 0.6 and views:
@@ -130,8 +132,8 @@ def test_reservations_are_refused_by_name():
         tier.reserve(["a"], [-1])
     with pytest.raises(ValueError, match="sizes must be ints >= 0, got -1"):
         tier.reserve(["a", "b"], [10, -1])  # nothing reserved: "a" can be reserved after
-    assert tier.reserve(["a"], [2000]) == [None]  # larger than the tier
-    assert tier.reserve(["a"], [10])[0] is not None
+    assert tier.reserve(["a"], [2000])[1] == [None]  # larger than the tier
+    assert tier.reserve(["a"], [10])[1][0] is not None
     with pytest.raises(ValueError, match="'b' is not reserved"):
         tier.commit(["a", "b"], [True, True])  # nothing committed: "a" is still reserved
     assert tier.contains(["a"]) == [False]

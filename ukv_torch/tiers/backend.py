@@ -54,13 +54,13 @@ class TierBackend(abc.ABC):
         buffer, or could not be read; a -1 buffer's bytes are unspecified."""
 
     # --- optional: a backend whose memory the caller's copies reach directly ----------
-    def reserve(self, keys: Sequence[str], sizes: Sequence[int]) -> Optional[List[Optional[torch.Tensor]]]:
+    def reserve(self, keys: Sequence[str], sizes: Sequence[int]) -> Optional[Tuple[torch.Tensor, List[Optional[Tuple[int, int]]]]]:
         """Room for new objects in the backend's own host memory, which the caller
-        fills itself (a DMA from the GPU) and then hands over with `commit`:
-        per key a uint8 host tensor of its size, or None where the key is stored
-        already or no room can be made. A reserved object is invisible and
-        cannot be evicted until committed. None (the default): this backend
-        takes only `put`."""
+        fills itself (a DMA from the GPU) and then hands over with `commit`: the
+        uint8 host buffer the room lies in, and per key its (start, bytes) there,
+        or None where the key is stored already or no room can be made (places,
+        as `peek` gives them). A reserved object is invisible and cannot be
+        evicted until committed. None (the default): this backend takes only `put`."""
         return None
 
     def commit(self, keys: Sequence[str], written: Sequence[bool]) -> None:

@@ -41,7 +41,7 @@ from ..manager.prefix_hashing import Salt, key_tensor, swa_page_hashes
 from ..ops import apply_row_copies
 from .backend import TierBackend
 from .fetch import ObjectFetch, merged_copies
-from .keys import KeyChain, chain_keys, key_name, root_key, tail_key
+from .keys import KeyChain, chain_keys, key_name, root_key, tail_key, token_bytes
 from .objects import BLOCK, TAIL, ObjectLayout
 from .staging import Staging, aligned
 
@@ -176,7 +176,9 @@ class TierCache:
         """Where the published blocks' rows are now: (locate_blocks' rows, their SWA units
         [n, pages_per_block], whether each block was found, whether its tail's pages were)."""
         prefix_hash, hashes = self.config.prefix_hash, [ev.block_hash for _, ev in blocks]
-        tokens = token_tensor([t for _, ev in blocks for t in ev.token_ids])
+        # the events' own tokens (checked by the manager when it made them), at C speed
+        tokens = torch.from_numpy(np.frombuffer(bytearray(b"".join(token_bytes(ev.token_ids) for _, ev in blocks)),
+                                                dtype="<i8").astype(np.int64, copy=False))
         where = mgr.locate_blocks(key_tensor(hashes, prefix_hash), tokens)
         pages = swa_page_hashes(hashes, self._ppb, prefix_hash)
         units = mgr.locate_pages(key_tensor(pages, prefix_hash), tokens).view(len(blocks), self._ppb)
@@ -222,16 +224,18 @@ class TierCache:
     def _copy_to_backend(self, save: _Save, backend: TierBackend, target: torch.Tensor) -> None:
         """Into the memory ``backend`` reserves for the objects; a backend that lends
         none is left for a put from staging."""
-        views = backend.reserve(save.names, save.sizes)
-        if views is None:
+        lent = backend.reserve(save.names, save.sizes)
+        if lent is None:
             save.put_backends.append(backend)
             return
-        taken = [i for i, v in enumerate(views) if v is not None]
-        refused = [save.names[i] for i, v in enumerate(views) if v is None]
+        host, places = lent
+        taken = [i for i, place in enumerate(places) if place is not None]
+        refused = [save.names[i] for i, place in enumerate(places) if place is None]
         if refused:  # stored already, or no room that is not reserved
             self.counters["dropped_saves"] += sum(not p for p in backend.contains(refused))
-        for host, offset, size in merged_copies([(views[i], 0, views[i].numel(), save.offsets[i]) for i in taken]):
-            host.copy_(target[offset: offset + size], non_blocking=True)
+        pieces = [(host, places[i][0], save.sizes[i], save.offsets[i]) for i in taken]
+        for view, offset, size in merged_copies(pieces):
+            view.copy_(target[offset: offset + size], non_blocking=True)
         save.reserved.append((backend, [save.names[i] for i in taken]))
 
     def poll(self) -> None:
@@ -436,12 +440,13 @@ class TierCache:
     def _put_host(self, backend: TierBackend, names: List[str], sources: List[torch.Tensor]) -> None:
         """Objects in host memory into ``backend``: into the memory it lends, else by
         put, from staging (copied there first unless they are there)."""
-        views = backend.reserve(names, [t.numel() for t in sources])
-        if views is not None:
-            for view, source in zip(views, sources):
-                if view is not None:
-                    view.copy_(source)
-            taken = [n for n, v in zip(names, views) if v is not None]
+        lent = backend.reserve(names, [t.numel() for t in sources])
+        if lent is not None:
+            host, places = lent
+            for place, source in zip(places, sources):
+                if place is not None:
+                    host[place[0]: place[0] + place[1]].copy_(source)
+            taken = [n for n, place in zip(names, places) if place is not None]
             backend.commit(taken, [True] * len(taken))
             return
         staging = self.staging.buffer.untyped_storage().data_ptr()

@@ -106,21 +106,21 @@ class HostTier(TierBackend):
             start = self._arena.take(size)
         return start
 
-    def reserve(self, keys: Sequence[str], sizes: Sequence[int]) -> List[Optional[torch.Tensor]]:
+    def reserve(self, keys: Sequence[str], sizes: Sequence[int]) -> Tuple[torch.Tensor, List[Optional[Tuple[int, int]]]]:
         if len(keys) != len(sizes):
             raise ValueError(f"HostTier.reserve: {len(keys)} keys but {len(sizes)} sizes")
         for size in sizes:  # all checked before anything is reserved
             if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
                 raise ValueError(f"HostTier.reserve: sizes must be ints >= 0, got {size!r}")
-        out = []
+        places = []
         for key, size in zip(keys, sizes):
             start = None if key in self._objects or key in self._reserved else self._room(int(size))
             if start is None:
-                out.append(None)
+                places.append(None)
                 continue
             self._reserved[key] = (start, int(size))
-            out.append(self._arena.buffer[start: start + int(size)])
-        return out
+            places.append((start, int(size)))
+        return self._arena.buffer, places
 
     def commit(self, keys: Sequence[str], written: Sequence[bool]) -> None:
         if len(keys) != len(written):

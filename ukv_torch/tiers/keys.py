@@ -19,7 +19,9 @@ whatever the engine's configuration.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import struct
 from collections import OrderedDict
 from typing import List, Optional, Sequence
 
@@ -28,7 +30,7 @@ import numpy as np
 from ..manager.kv_events import KvEvent, KvEventKind, KvRole
 from ..manager.prefix_hashing import Key, cache_salt
 
-__all__ = ["KEY_BYTES", "fingerprint", "root_key", "chain_keys", "tail_key", "key_name", "KeyChain"]
+__all__ = ["KEY_BYTES", "fingerprint", "root_key", "chain_keys", "tail_key", "key_name", "token_bytes", "KeyChain"]
 
 KEY_BYTES = 16
 
@@ -50,14 +52,23 @@ def root_key(fp: bytes, salt) -> bytes:
     return _digest(b"ukv-tier-root", fp, cache_salt(salt).to_bytes(8, "little"))
 
 
-def _block_bytes(tokens) -> bytes:
+@functools.lru_cache(maxsize=8)
+def _int64s(count: int) -> struct.Struct:
+    return struct.Struct(f"<{count}q")
+
+
+def token_bytes(tokens) -> bytes:
+    """Token ids as the keys hash them: 8-byte little-endian ints. A tuple or list (an
+    event's token_ids) is packed by ``struct``, 2-3x faster than through numpy."""
+    if isinstance(tokens, (tuple, list)):
+        return _int64s(len(tokens)).pack(*tokens)
     return np.asarray(tokens, dtype="<i8").tobytes()
 
 
 def chain_keys(parent: bytes, tokens, block_size: int, count: int, start: int = 0) -> List[bytes]:
     """The keys of blocks [start, start + count) of ``tokens`` (full blocks), chained from
     ``parent``: the root key for start 0, else the key of block start - 1."""
-    data = _block_bytes(np.asarray(tokens)[start * block_size: (start + count) * block_size])
+    data = token_bytes(np.asarray(tokens)[start * block_size: (start + count) * block_size])
     step = 8 * block_size
     keys, key = [], parent
     for i in range(count):
@@ -98,7 +109,7 @@ class KeyChain:
             if parent is None:
                 return None
             self._keys.move_to_end(event.parent_hash)
-        key = _digest(parent, _block_bytes(event.token_ids))
+        key = _digest(parent, token_bytes(event.token_ids))
         self._keys[event.block_hash] = key
         if len(self._keys) > self.limit:
             self._keys.popitem(last=False)
