@@ -128,7 +128,7 @@ class KvReceiver:
         try:
             if xfer in self._finished:
                 raise ValueError(f"transfer {xfer} already ended here: a replayed offer starts nothing")
-            export, layers = self._export(offer)
+            export, bounds, layers = self._export(offer)
             cached = self.mgr.import_sequence(seq_id, export)  # ValueError for what it refuses (a bad id, ...)
         except (ValueError, KeyError, TypeError) as e:  # KeyError, TypeError: a malformed offer
             channel.send(dict(type="error", xfer=xfer, reason=f"{type(e).__name__}: {e}"))
@@ -137,7 +137,7 @@ class KvReceiver:
             channel.send(dict(type="refused", xfer=xfer, answer=cached))
             return None
         mine = self._rows_now(seq_id)
-        move = _Arriving(self, xfer, mine, cached, layers)
+        move = _Arriving(self, xfer, mine, cached, bounds[layers], layers)
         try:
             channel.send(dict(type="accept", xfer=xfer, cached=cached, runs=move.runs.tobytes(), pieces=layers,
                               after=move.after, engine=self.endpoint.name,
@@ -191,10 +191,11 @@ class KvReceiver:
             self._drop(channel)
         return Arrival(seq_id, move.cached, move.mine.num_computed, move.mine.tokens.tolist())
 
-    def _export(self, offer: dict) -> Tuple[SequenceExport, List[int]]:
-        """The offer as an export this pool can import, and the layers where
-        its pieces start (then the layer count); ValueError if the sender
-        serves another model or its buffer would differ."""
+    def _export(self, offer: dict) -> Tuple[SequenceExport, np.ndarray, List[int]]:
+        """The offer as an export this pool can import, where each layer starts in
+        its buffer (KvRegions.layer_bounds), and the layers where its pieces start
+        (then the layer count); ValueError if the sender serves another model or
+        its buffer would differ."""
         if list(offer["geometry"]) != self.regions.geometry():
             raise ValueError(f"other model geometry: the sender has {offer['geometry']}, "
                              f"this receiver {self.regions.geometry()}")
@@ -218,7 +219,7 @@ class KvReceiver:
         limit = min(limit, PIECE_BYTES)
         if self._staging.holds(int(np.diff(bounds).max())):  # then each piece fits twice here
             limit = min(limit, self._staging.capacity)
-        return export, pieces(bounds, limit)
+        return export, bounds, pieces(bounds, limit)
 
     def _rows_now(self, seq_id: int) -> SequenceExport:
         """The sequence's rows after the units its admission moved are applied."""
@@ -253,10 +254,11 @@ class _Arriving:
     """An admitted sequence's rows as the receiver names them: straight, or
     its staging buffer (see KvReceiver)."""
 
-    def __init__(self, receiver: KvReceiver, xfer: str, mine: SequenceExport, cached: int, layers: List[int]):
+    def __init__(self, receiver: KvReceiver, xfer: str, mine: SequenceExport, cached: int, starts: np.ndarray,
+                 layers: List[int]):
         self.xfer, self.mine, self.cached, self.layers = xfer, mine, cached, layers
         self.staging = receiver._staging
-        self.starts = receiver.regions.layer_bounds(mine)[layers]
+        self.starts = starts  # where the pieces start in the buffer, then its end
         sizes = np.diff(self.starts)
         self.runs = receiver.regions.runs(mine, cached)
         self.rows, self.after = None, [0] * len(sizes)  # after[k]: pieces to scatter before piece k is written
