@@ -24,7 +24,13 @@ The % of raw is the median of each round's own ratio (its send against the
 raw write just before it), so a drift of the host's speed between rounds,
 which on a small VM moves raw by 1.5x, cancels out.
 
-Run: python benchmarks/bench_disagg.py [--rounds N] [--modes staged,staged64,direct] [--json]
+With --device cuda both pools' KV is on the GPU (two processes sharing it):
+every piece is gathered on the GPU into the sender's device mirror of its
+staging, copied to the page-locked staging the transfer engine reads, and on
+the receiver copied from its staging to the device and scattered there; raw
+still moves host buffers, so the ratio prices those copies.
+
+Run: python benchmarks/bench_disagg.py [--rounds N] [--modes staged,staged64,direct] [--device cuda] [--json]
 (prints a markdown table; --json: one JSON object with the host's CPU count and the rows' figures).
 On a host without network, benchmarks/offline_mooncake.sh brings Mooncake from carried files.
 """
@@ -54,25 +60,30 @@ LABELS = {"staged": "staged", "staged64": "staged 64 MiB", "direct": "direct"}
 MAX_TOKENS = max(TOKENS) + 256
 
 
-def side(layout: str):
+def side(layout: str, device: str):
     config = ServeConfig(layout=layout, window=128, max_num_seqs=2, max_num_batched_tokens=8192,
                          max_blocks_per_seq=MAX_TOKENS // 128 + 2, swa_page_tokens=64 if layout == "row_space" else 0)
     model = ModelKvSpec(layer_ratios=MODEL_PRESETS["v4-pro"])
     plan = plan_kv_layout(1 << 30, model, config)
-    kv = allocate_unified_kv(plan)
-    return plan, kv, KvManager(plan)
+    kv = allocate_unified_kv(plan, device=device)
+    return plan, kv, manager(plan, kv)
+
+
+def manager(plan, kv) -> KvManager:
+    device = kv.kv[0].device
+    return KvManager(plan, device=device if device.type != "cpu" else None)
 
 
 def digest(plan, kv, mgr, seq_id) -> str:
     export = mgr.describe_sequence(seq_id)
-    buffer = torch.empty(transfer_bytes(plan, kv, export), dtype=torch.uint8)
+    buffer = torch.empty(transfer_bytes(plan, kv, export), dtype=torch.uint8, device=kv.kv[0].device)
     gather_sequence(plan, kv, export, buffer, manager=mgr)
-    return hashlib.blake2b(buffer.numpy(), digest_size=16).hexdigest()
+    return hashlib.blake2b(buffer.cpu().numpy(), digest_size=16).hexdigest()
 
 
-def receiver_process(report_port: int, mode: str) -> None:
+def receiver_process(report_port: int, mode: str, device: str) -> None:
     """The decode side: prints where it listens, then serves until told to stop."""
-    plan, kv, mgr = side("elastic")
+    plan, kv, mgr = side("elastic", device)
     endpoint, raw = endpoint_and_raw_buffer(plan, kv)
     receiver = KvReceiver(mgr, plan, kv, endpoint, timeout_s=120, staging_bytes=staging_bytes(mode, raw))
     report_to = None
@@ -118,7 +129,7 @@ def endpoint_and_raw_buffer(plan, kv):
 
 def max_bytes(plan, kv) -> int:
     """Bytes of the largest sequence's transfer."""
-    mgr = KvManager(plan)
+    mgr = manager(plan, kv)
     prefill(plan, kv, mgr, 0, list(range(max(TOKENS))))
     return transfer_bytes(plan, kv, mgr.describe_sequence(0))
 
@@ -126,22 +137,26 @@ def max_bytes(plan, kv) -> int:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--modes", default=",".join(MODES), help="of " + ", ".join(MODES) + ", comma-separated")
+    parser.add_argument("--modes", help="of " + ", ".join(MODES) + ", comma-separated (default: all, or all staged "
+                        "ones with --device cuda)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--device", default="cpu", help="where both sides' KV is (cuda: through host staging)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
-    modes = args.modes.split(",")
+    modes = args.modes.split(",") if args.modes else [mode for mode in MODES if args.device == "cpu" or MODES[mode] != 0]
     unknown = [mode for mode in modes if mode not in MODES]
     if unknown:
         parser.error(f"--modes must name modes of {', '.join(MODES)}, got {', '.join(unknown)}")
-    plan, kv, mgr = side("row_space")
+    if args.device != "cpu" and "direct" in modes:
+        parser.error("--modes: KV on a GPU goes through host staging, so it has no direct mode")
+    plan, kv, mgr = side("row_space", args.device)
     for t in kv.planes:  # random bytes, so a row in the wrong place shows in the digest
-        t.view(torch.uint8).random_(0, 256, generator=torch.Generator().manual_seed(t.numel()))
-    rows = [row for mode in modes for row in run(plan, kv, mgr, mode, args.rounds)]
+        t.view(torch.uint8).random_(0, 256, generator=torch.Generator(device=t.device).manual_seed(t.numel()))
+    rows = [row for mode in modes for row in run(plan, kv, mgr, mode, args.rounds, args.device)]
     if args.json:
         print(json.dumps(dict(cpus=os.cpu_count(), processor=platform.processor() or platform.machine(),
-                              mooncake=mooncake_version(), rounds=args.rounds, rows=rows)))
+                              mooncake=mooncake_version(), device=args.device, rounds=args.rounds, rows=rows)))
         return
     lines = ["| rows | sequence | MiB | send GB/s | write GB/s | raw GB/s | send % of raw | write % of raw | "
              "sender host ms | receiver host ms | send ms |",
@@ -163,9 +178,9 @@ def mooncake_version() -> str:
     return "unknown"
 
 
-def run(plan, kv, mgr, mode: str, rounds: int):
+def run(plan, kv, mgr, mode: str, rounds: int, device: str):
     reports = socket.create_server(("127.0.0.1", 0))
-    peer = subprocess.Popen([sys.executable, __file__, "--receiver", str(reports.getsockname()[1]), mode],
+    peer = subprocess.Popen([sys.executable, __file__, "--receiver", str(reports.getsockname()[1]), mode, device],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     rows = []
     try:
@@ -223,6 +238,6 @@ def run(plan, kv, mgr, mode: str, rounds: int):
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--receiver":
-        receiver_process(int(sys.argv[2]), sys.argv[3])
+        receiver_process(int(sys.argv[2]), sys.argv[3], sys.argv[4])
     else:
         main()

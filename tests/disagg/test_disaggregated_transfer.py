@@ -1,7 +1,7 @@
 """A sequence moves from a prefill pool to a decode pool over Mooncake's
 transfer engine (loopback TCP): its bytes land in the receiver's own rows
 exactly as the in-process gather_sequence reads them, across layouts and
-prefix hits; refusals, wrong rows, other models, replays and sides that die
+prefix hits, from and into KV on a GPU through host staging; refusals, wrong rows, other models, replays and sides that die
 are answered in bounded time with nothing written and nothing leaked."""
 import os
 import re
@@ -164,12 +164,12 @@ def test_a_refusal_moves_nothing_and_the_sender_keeps_the_sequence(endpoints, re
     sender.close()
 
 
-def assert_refused_by_name(endpoints, a, b, match, receiver_seq_id=RECEIVED):
+def assert_refused_by_name(endpoints, a, b, match, receiver_seq_id=RECEIVED, staging=(0, 0)):
     """The receiver answers the offer with an error: ValueError on the sender, nothing written,
     the sequence kept, the receiver's pool as it was."""
     prefill(a, SENT, prompt(700))
     before, gauges = b.snapshot(), counts(b)
-    sender, receiver = sides(endpoints, a, b)
+    sender, receiver = sides(endpoints, a, b, staging=staging)
     served = Served(receiver)
     with pytest.raises(ValueError, match=match):
         sender.send(SENT, receiver.address, receiver_seq_id)
@@ -779,3 +779,73 @@ def test_a_malformed_message_is_answered_and_changes_nothing(endpoints):
     assert counts(b) == gauges and b.unchanged_since(kv)
     peer_channel.close()
     receiver.close()
+
+
+# --- KV on a GPU: every piece through host staging -------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_device, b_device, staging", [
+    ("cuda", "cuda", (STAGED, STAGED)), ("cuda", "cuda", (SMALL, SMALL)), ("cuda", "cpu", (SMALL, 0)),
+    ("cpu", "cuda", (0, SMALL)), ("cuda", "cuda", (STAGED, SMALL))])
+@pytest.mark.parametrize("a_layout, b_layout, b_page", [("row_space", "elastic", 0), ("static", "row_space", 64)])
+def test_kv_on_a_gpu_moves_through_host_staging(endpoints, a_device, b_device, staging, a_layout, b_layout, b_page):
+    a = pool(a_layout, seed=1, device=a_device)
+    b = pool(b_layout, page=b_page, seed=2, device=b_device)
+    tokens = prompt(700)
+    prefill(b, 3, tokens[:600])  # b holds the first blocks: only the rest travels
+    b.mgr.deallocate(3)
+    prefill(a, SENT, tokens)
+    expected = a.sequence_bytes(SENT)
+    sender, receiver = sides(endpoints, a, b, staging=staging)
+    # the transfer engine is given host memory only: the staging of a side whose KV is on the GPU
+    for side, device, nbytes in ((sender, a_device, staging[0]), (receiver, b_device, staging[1])):
+        if device == "cuda":
+            assert side.endpoint.memory == [(side._staging.buffer.data_ptr(), nbytes)]
+    served = Served(receiver)
+    result = sender.send(SENT, receiver.address, RECEIVED)
+    event, = served.wait()
+    torch.cuda.synchronize()
+    assert result.status == "sent" and result.answer == event.cached > 0 and not a.mgr.has_sequence(SENT)
+    got = b.sequence_bytes(RECEIVED)
+    beyond = receiver.regions.runs(b.mgr.describe_sequence(RECEIVED), event.cached)
+    assert result.nbytes == int(beyond[:, 2].sum())
+    for offset, _, size in beyond.tolist():
+        assert np.array_equal(got[offset: offset + size].numpy(), expected[offset: offset + size].numpy())
+    receiver.close()
+    sender.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("side", ["sender", "receiver"])
+def test_kv_on_a_gpu_without_staging_is_refused_by_name(endpoints, side):
+    from ukv_torch.disagg import KvReceiver, KvSender
+    p = pool("row_space", device="cuda")
+    cls = KvSender if side == "sender" else KvReceiver
+    with pytest.raises(ValueError, match=f"Kv{side.capitalize()}: KV on cuda:0 goes through host staging.*"
+                                         f"staging_bytes must be > 0"):
+        cls(p.mgr, p.plan, p.kv, endpoints[0], staging_bytes=0)
+    assert endpoints[0].memory == []  # nothing registered
+
+
+@pytest.mark.gpu
+def test_a_layer_larger_than_the_senders_staging_is_refused_before_the_offer(endpoints):
+    a, b = pool("row_space", seed=1, device="cuda"), pool("elastic", seed=2, device="cuda")
+    prefill(a, SENT, prompt(700))
+    before, gauges = b.snapshot(), counts(b)
+    sender, receiver = sides(endpoints, a, b, staging=(4096, SMALL))  # 2 KiB a piece: no layer fits
+    served = Served(receiver)
+    with pytest.raises(ValueError, match=r"KvSender.send: sequence 1 has a layer of \d+ bytes.*make staging_bytes at "
+                                         r"least \d+"):
+        sender.send(SENT, receiver.address, RECEIVED)
+    assert served.stop() == []
+    assert a.mgr.has_sequence(SENT) and b.unchanged_since(before) and counts(b) == gauges
+    receiver.close()
+    sender.close()
+
+
+@pytest.mark.gpu
+def test_a_layer_larger_than_the_receivers_staging_is_refused_by_name(endpoints):
+    assert_refused_by_name(endpoints, pool("row_space", seed=1, device="cuda"),
+                           pool("elastic", seed=2, device="cuda"),
+                           r"the receiver refused sequence 1: ValueError: a layer of \d+ bytes, more than half of this "
+                           r"receiver's staging_bytes \(4096\)", staging=(SMALL, 4096))

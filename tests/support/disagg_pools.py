@@ -1,7 +1,7 @@
 """KV pools for the disaggregation tests: a small model with every plane
 (fp8 NoPE, bf16 RoPE, CSA indexer), random KV bytes, a prefilled sequence,
 and the sequence's bytes as gather_sequence (the in-process path, which the
-transfer engine's path must match) reads them."""
+transfer engine's path must match) reads them; on the host, or on a GPU."""
 from typing import NamedTuple
 
 import torch
@@ -29,20 +29,23 @@ class Pool(NamedTuple):
 
     def sequence_bytes(self, seq_id: int) -> torch.Tensor:
         export = self.mgr.describe_sequence(seq_id)
-        buffer = torch.empty(transfer_bytes(self.plan, self.kv, export), dtype=torch.uint8)
+        buffer = torch.empty(transfer_bytes(self.plan, self.kv, export), dtype=torch.uint8,
+                             device=self.tensors()[0].device)
         gather_sequence(self.plan, self.kv, export, buffer, manager=self.mgr)
-        return buffer
+        return buffer.cpu()
 
 
-def pool(layout: str, page: int = 32, budget: int = 2 << 20, model: ModelKvSpec = MODEL, seed: int = 0) -> Pool:
-    """A pool whose KV holds random bytes (seeded), so every row is distinct."""
+def pool(layout: str, page: int = 32, budget: int = 2 << 20, model: ModelKvSpec = MODEL, seed: int = 0,
+         device: str = "cpu") -> Pool:
+    """A pool whose KV holds random bytes (seeded), so every row is distinct, on ``device``."""
     config = ServeConfig(layout=layout, window=128, mtp_k=2, max_num_seqs=4, max_blocks_per_seq=8,
                          max_num_batched_tokens=512, swa_page_tokens=page if layout == "row_space" else 0)
     plan = plan_kv_layout(budget, model, config)
-    p = Pool(plan, allocate_unified_kv(plan), KvManager(plan))
+    on_gpu = device != "cpu"
+    p = Pool(plan, allocate_unified_kv(plan, device=device), KvManager(plan, device=device if on_gpu else None))
     g = torch.Generator().manual_seed(seed)
     for t in p.tensors():
-        _bytes(t).random_(0, 256, generator=g)
+        _bytes(t).copy_(torch.randint(0, 256, _bytes(t).shape, dtype=torch.uint8, generator=g))
     return p
 
 

@@ -16,12 +16,13 @@ ones.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..plan.records import KvPlan
+from ..tiers.staging import host_bytes
 from ..plan.unified_kv import UnifiedKv
 from ..transfer import SequenceExport, _layer_runs, _layers
 
@@ -50,6 +51,8 @@ class KvRegions:
                 if t.dim() != 2 or t.stride(1) != 1:
                     raise ValueError(f"layer {layer}: a KV tensor of shape {tuple(t.shape)} and strides "
                                      f"{t.stride()} does not have contiguous rows")
+        #: where the KV tensors are (a GPU's: the transfer goes through host staging, see Staging)
+        self.device = self._layer_sources[0][0].device
         # What addressing a layer's runs needs and the plan fixes: each tensor's base, and the
         # (row bytes, pitch) shape that layers of one class share, so their runs are derived once.
         self._bases = [np.array([t.data_ptr() for t in sources], dtype=np.int64) for sources in self._layer_sources]
@@ -159,15 +162,33 @@ class Staging:
     0). A transfer's pieces go through it in turn, each right after the one
     before (back at its start where a piece would run past its end), so a
     piece is filled only once the pieces there before it were written
-    (sender) or scattered (receiver)."""
+    (sender) or scattered (receiver).
 
-    def __init__(self, staging_bytes: int, owner: str):
+    For KV on a GPU (``device``) the buffer is page-locked host memory, which
+    the transfer engine moves, with a mirror of the same size on the device,
+    which the rows are gathered into and scattered from: a piece crosses
+    PCIe once each side (`to_host`, `to_device`)."""
+
+    def __init__(self, staging_bytes: int, owner: str, device: Optional[torch.device] = None):
         if isinstance(staging_bytes, bool) or not isinstance(staging_bytes, int) or staging_bytes < 0:
             raise ValueError(f"{owner}: staging_bytes must be an int >= 0, got {staging_bytes!r}")
+        on_device = device is not None and device.type != "cpu"
+        if on_device and not staging_bytes:
+            raise ValueError(f"{owner}: KV on {device} goes through host staging (the transfer engine moves host "
+                             f"memory): staging_bytes must be > 0, room for two pieces (2 x {PIECE_BYTES} bytes "
+                             f"holds any piece of layers up to that size), got 0")
         # touched once, so its pages exist before the first transfer
-        self.buffer = torch.zeros(staging_bytes, dtype=torch.uint8) if staging_bytes else None
+        self.buffer = (host_bytes(staging_bytes, pinned=True).zero_() if on_device else
+                       torch.zeros(staging_bytes, dtype=torch.uint8)) if staging_bytes else None
+        #: the device mirror the rows are copied to and from (the buffer itself for host KV)
+        self.mirror = torch.empty(staging_bytes, dtype=torch.uint8, device=device) if on_device else self.buffer
         #: the largest piece this side stages: two at least fit, for the overlap
         self.capacity = staging_bytes // 2
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the rows are on a GPU: every piece then goes through this staging."""
+        return self.mirror is not self.buffer
 
     def memory(self) -> List[Tuple[int, int]]:
         return [] if self.buffer is None else [(self.buffer.data_ptr(), self.buffer.numel())]
@@ -190,8 +211,28 @@ class Staging:
             position += size
         return np.array(places, dtype=np.int64), after
 
+    def address(self, place: int) -> int:
+        """The host address of byte ``place`` of the buffer, as the transfer engine names it."""
+        return self.buffer.data_ptr() + place
+
     def at(self, place: int, nbytes: int) -> torch.Tensor:
-        return self.buffer[place: place + nbytes]
+        """Bytes of the buffer, where the rows' copies go (on the device mirror for KV on a GPU)."""
+        return self.mirror[place: place + nbytes]
+
+    def to_host(self, place: int, nbytes: int) -> None:
+        """After a gather into ``at(place, nbytes)``: its bytes in the host buffer, for the
+        transfer engine (KV on a GPU; waits for the copy, so the engine reads them whole)."""
+        if self.on_device:
+            self.buffer[place: place + nbytes].copy_(self.mirror[place: place + nbytes], non_blocking=True)
+            torch.cuda.current_stream(self.mirror.device).synchronize()
+
+    def to_device(self, place: int, nbytes: int) -> None:
+        """Before a scatter from ``at(place, nbytes)``: the bytes the transfer engine landed
+        in the host buffer, on the device (KV on a GPU; waits for the copy, so the host
+        range may take the next piece's bytes at once)."""
+        if self.on_device:
+            self.mirror[place: place + nbytes].copy_(self.buffer[place: place + nbytes], non_blocking=True)
+            torch.cuda.current_stream(self.mirror.device).synchronize()
 
 
 #: rows whose runs average this many bytes go straight even where a staging
@@ -217,7 +258,7 @@ def staged(runs: Runs, starts: np.ndarray, places: np.ndarray, staging: Staging)
     offset = runs[:, 0]
     spans = cut(_merged(offset, offset, offset, runs[:, 2])[:, [0, 1, 3]], starts)
     piece = np.searchsorted(starts, spans[:, 0], side="right") - 1
-    spans[:, 1] = staging.buffer.data_ptr() + places[piece] + spans[:, 0] - starts[piece]
+    spans[:, 1] = staging.address(0) + places[piece] + spans[:, 0] - starts[piece]
     return _merged(spans[:, 0], spans[:, 1], spans[:, 1], spans[:, 2])[:, [0, 1, 3]]
 
 

@@ -24,8 +24,9 @@ smaller than the sequence), it answers "scattered k" as it empties each,
 and its accept tells how many must be scattered before each piece is
 written. A transport whose cost is per request (TCP moves ~17K requests a
 second here, and a V4-Pro block is ~150 requests of a few KiB as rows)
-needs that; one with cheap requests (RDMA, GPU memory) writes the rows
-directly. Each side chooses for itself.
+needs that; one with cheap requests (RDMA) writes the rows directly. Each
+side chooses for itself. KV on a GPU always goes through the staging, which
+is then page-locked host memory with a mirror on the GPU (kv_regions.Staging).
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ class KvReceiver:
         self.mgr, self.plan, self.kv, self.endpoint = mgr, plan, kv, endpoint
         self.timeout_s = timeout_s
         self.regions = KvRegions(plan, kv)
-        self._staging = Staging(staging_bytes, "KvReceiver")
+        self._staging = Staging(staging_bytes, "KvReceiver", self.regions.device)
         endpoint.register(self._memory())
         self._listener = socket.create_server((host, port))
         self.address: Tuple[str, int] = self._listener.getsockname()[:2]
@@ -217,8 +218,12 @@ class KvReceiver:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
             raise ValueError(f"piece_bytes must be an int > 0, got {limit!r}")
         limit = min(limit, PIECE_BYTES)
-        if self._staging.holds(int(np.diff(bounds).max())):  # then each piece fits twice here
+        largest = int(np.diff(bounds).max())
+        if self._staging.holds(largest):  # then each piece fits twice here
             limit = min(limit, self._staging.capacity)
+        elif self._staging.on_device:
+            raise ValueError(f"a layer of {largest} bytes, more than half of this receiver's staging_bytes "
+                             f"({2 * self._staging.capacity}), which its KV on {self.regions.device} goes through")
         return export, bounds, pieces(bounds, limit)
 
     def _rows_now(self, seq_id: int) -> SequenceExport:
@@ -247,7 +252,9 @@ class KvReceiver:
         self.endpoint.unregister(self._memory())
 
     def _memory(self):
-        return self.regions.memory() + self._staging.memory()
+        """What the transfer engine writes: the KV tensors and the staging, or only the
+        staging for KV on a GPU."""
+        return ([] if self._staging.on_device else self.regions.memory()) + self._staging.memory()
 
 
 class _Arriving:
@@ -262,7 +269,8 @@ class _Arriving:
         sizes = np.diff(self.starts)
         self.runs = receiver.regions.runs(mine, cached)
         self.rows, self.after = None, [0] * len(sizes)  # after[k]: pieces to scatter before piece k is written
-        self.staged = self.staging.holds(int(sizes.max())) and short(self.runs)
+        # (KV on a GPU is always staged: _export refused what its staging cannot hold)
+        self.staged = self.staging.holds(int(sizes.max())) and (self.staging.on_device or short(self.runs))
         if self.staged:
             self.places, self.after = self.staging.place(sizes)
             self.runs = staged(self.runs, self.starts, self.places, self.staging)
@@ -276,5 +284,6 @@ class _Arriving:
 
     def scatter(self, k: int) -> None:
         """Piece k's bytes from the staging buffer into the rows."""
-        self.rows.scatter(self.staging.at(int(self.places[k]), int(self.starts[k + 1] - self.starts[k])),
-                          self.layers[k], self.layers[k + 1])
+        place, nbytes = int(self.places[k]), int(self.starts[k + 1] - self.starts[k])
+        self.staging.to_device(place, nbytes)
+        self.rows.scatter(self.staging.at(place, nbytes), self.layers[k], self.layers[k + 1])

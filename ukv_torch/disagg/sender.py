@@ -72,7 +72,7 @@ class KvSender:
         self.mgr, self.plan, self.kv, self.endpoint = mgr, plan, kv, endpoint
         self.timeout_s, self.free_on_failure = timeout_s, free_on_failure
         self.regions = KvRegions(plan, kv)
-        self._staging = Staging(staging_bytes, "KvSender")
+        self._staging = Staging(staging_bytes, "KvSender", self.regions.device)
         endpoint.register(self._memory())
         self._channels: Dict[Tuple[str, int], Channel] = {}
 
@@ -91,10 +91,15 @@ class KvSender:
         started = time.perf_counter()
         export = self.mgr.describe_sequence(seq_id)
         bounds = self.regions.layer_bounds(export)
+        largest = int(np.diff(bounds).max())
+        if self._staging.on_device and not self._staging.holds(largest):
+            raise ValueError(f"KvSender.send: sequence {seq_id} has a layer of {largest} bytes, more than half of "
+                             f"staging_bytes ({2 * self._staging.capacity}), which KV on {self.regions.device} "
+                             f"goes through: make staging_bytes at least {2 * largest}")
         xfer = uuid.uuid4().hex
         # the receiver groups layers into pieces no larger, so that two fit here
         limit = PIECE_BYTES
-        if self._staging.holds(int(np.diff(bounds).max())):
+        if self._staging.holds(largest):
             limit = min(limit, self._staging.capacity)
         offer = dict(type="offer", xfer=xfer, seq_id=seq_id if receiver_seq_id is None else receiver_seq_id,
                      tokens=export.tokens.numpy().astype(np.int32).tobytes(), num_computed=export.num_computed,
@@ -153,6 +158,7 @@ class KvSender:
         if channel.ready(0):
             return _Prepared(rows, False)
         rows.gather(self._staging.at(0, int(bounds[1])), 0, 1)
+        self._staging.to_host(0, int(bounds[1]))
         return _Prepared(rows, True)
 
     def _channel(self, receiver: Tuple[str, int]) -> Channel:
@@ -183,7 +189,9 @@ class KvSender:
         self.endpoint.unregister(self._memory())
 
     def _memory(self):
-        return self.regions.memory() + self._staging.memory()
+        """What the transfer engine reads: the KV tensors and the staging, or only the
+        staging for KV on a GPU."""
+        return ([] if self._staging.on_device else self.regions.memory()) + self._staging.memory()
 
 
 class _Prepared(NamedTuple):
@@ -219,6 +227,9 @@ class _Pipeline:
             if prepared is not None and prepared.first_layer and self.layers[1] == 1 and self.places[0] == 0:
                 self.gathered = 1
             holds = self.rows.copied
+        elif self.staging.on_device:
+            raise ValueError(f"the receiver's pieces (up to {int(sizes.max())} bytes) do not fit this sender's "
+                             f"staging ({self.staging.capacity} bytes a piece), which its KV on a GPU goes through")
         else:
             held = sender.regions.runs(export, cached)
             holds = int(held[:, 2].sum())
@@ -244,6 +255,7 @@ class _Pipeline:
                 self._until(lambda: self.landed >= self.room[k])
                 gathered = time.perf_counter()
                 self.rows.gather(self._staged(k), self.layers[k], self.layers[k + 1])
+                self.staging.to_host(int(self.places[k]), int(self.starts[k + 1] - self.starts[k]))
                 gathering += time.perf_counter() - gathered
             self._until(lambda: self.scattered >= self.after[k])
             writes = self._writes(k)
@@ -281,7 +293,8 @@ class _Pipeline:
         mine = self.writes[self.first[k]: self.first[k + 1]]
         if self.rows is None:
             return mine[:, 1:]
-        staged = np.array([[self.starts[k], self._staged(k).data_ptr(), self.starts[k + 1] - self.starts[k]]])
+        staged = np.array([[self.starts[k], self.staging.address(int(self.places[k])),
+                            self.starts[k + 1] - self.starts[k]]])
         return join(staged, mine)[:, 1:]
 
     def _until(self, condition) -> None:
