@@ -13,6 +13,7 @@ the decode engine's reads of the rows that travelled included, must read the
 tag its position expects.
 
     python examples/disaggregated.py [--prefill-layout L] [--decode-layout L] [--requests N] [--staging-kib K]
+                                     [--device cuda]
 
 Prints one line per engine and one for the router (PASS or FAIL and the
 counts); exits 1 on any mismatch, failed transfer or unfinished request.
@@ -40,7 +41,8 @@ WAIT_SECONDS = 60
 
 def engine(args, layout: str) -> Engine:
     """An engine_loop engine with no workload of its own: requests come from the router."""
-    return Engine(engine_loop.parse_args(["--layout", layout, "--requests", "0", "--seed", str(args.seed)]))
+    return Engine(engine_loop.parse_args(["--layout", layout, "--requests", "0", "--seed", str(args.seed),
+                                          "--device", args.device]))
 
 
 # --- the prefill engine -------------------------------------------------------------------
@@ -159,7 +161,7 @@ class DecodeEngine:
 def start(role: str, args, port: int) -> subprocess.Popen:
     argv = [sys.executable, __file__, "--role", role, "--router-port", str(port), "--seed", str(args.seed),
             "--prefill-layout", args.prefill_layout, "--decode-layout", args.decode_layout,
-            "--staging-kib", str(args.staging_kib), "--fault", args.fault]
+            "--staging-kib", str(args.staging_kib), "--fault", args.fault, "--device", args.device]
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -245,12 +247,17 @@ def parse_args(argv=None):
     p.add_argument("--requests", type=int, default=24, help="requests served in all (follow-ups and repeats included)")
     p.add_argument("--staging-kib", type=int, default=0,
                    help="each engine's transfer staging buffer in KiB (0: rows go straight between the pools)")
+    p.add_argument("--device", default="cpu",
+                   help="both engines' device: cpu, or cuda on a GPU build (the KV then goes through the staging)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fault", default="none", choices=("none", "no-bytes"),
                    help="no-bytes: the prefill engine's writes move nothing (the decode engine's check must fail)")
     p.add_argument("--role", default="router", choices=("router", "prefill", "decode"), help=argparse.SUPPRESS)
     p.add_argument("--router-port", type=int, default=0, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.device != "cpu" and args.staging_kib <= 0:
+        p.error(f"--device {args.device}: the KV goes through each engine's staging, so --staging-kib must be > 0")
+    return args
 
 
 def main(argv=None) -> int:
