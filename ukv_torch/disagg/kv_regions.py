@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from ..plan.records import KvPlan
-from ..tiers.staging import host_bytes
 from ..plan.unified_kv import UnifiedKv
+from ..tiers.staging import host_bytes
 from ..transfer import SequenceExport, _layer_runs, _layers
 
 #: a run list: int64 [n, 3] of (buffer offset, address, bytes), sorted by offset
