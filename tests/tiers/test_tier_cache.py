@@ -14,6 +14,7 @@ from ukv_torch.tiers.keys import chain_keys, key_name, root_key, tail_key
 from ukv_torch.tiers.objects import BLOCK, TAIL
 from ukv_torch.tiers.staging import aligned
 
+from support.devices import DEVICES
 from support.tier_engine import BS, WINDOW, TierEngine, host, prompt
 
 LAYOUTS = ["static", "elastic", "row_space"]
@@ -33,12 +34,15 @@ def test_any_layout_restores_the_rows_another_saved(saver, loader, page):
     restores_across_layouts(saver, loader, page, "cpu")
 
 
-@pytest.mark.parametrize("piece_blocks", [1, 2])
-def test_a_load_read_in_pieces_restores_every_piece(piece_blocks, monkeypatch):
-    """The 5 blocks read 1 or 2 at a time, each piece's copies started before the next is
-    looked up: the same rows as a load in one piece."""
+@pytest.mark.parametrize("piece_blocks, scatter_blocks", [(1, 1), (1, 2), (2, 1), (2, 3), (32, 64)])
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_load_read_and_written_in_pieces_restores_every_piece(piece_blocks, scatter_blocks, device, monkeypatch):
+    """The 5 blocks read piece_blocks at a time after the first 4 (or 1), and written into the
+    rows every scatter_blocks read: the same rows as a load in one piece."""
     monkeypatch.setattr("ukv_torch.tiers.cache._LOAD_PIECE_BLOCKS", piece_blocks)
-    restores_across_layouts("row_space", "elastic", 0, "cpu")
+    monkeypatch.setattr("ukv_torch.tiers.cache._FIRST_LOAD_PIECE_BLOCKS", min(4, piece_blocks))
+    monkeypatch.setattr("ukv_torch.tiers.cache._SCATTER_BLOCKS", scatter_blocks)
+    restores_across_layouts("row_space", "elastic", 0, device)
 
 
 @pytest.mark.gpu

@@ -48,10 +48,12 @@ from .staging import Staging, aligned
 __all__ = ["TierCache"]
 
 _STAGING_OBJECTS = 64  # default staging: at least this many objects of the larger kind
-# A load's blocks are looked up and their copies started piece by piece: the first piece small, so its
-# copy starts early, then each twice the last, up to the largest (the host's work on a piece takes less
-# than its copy: pieces that grow keep the copies going while the host stays ahead).
-_FIRST_LOAD_PIECE_BLOCKS, _LOAD_PIECE_BLOCKS = 4, 32
+# A load's first blocks are read as soon as their keys are found, so their copies start while the rest
+# are looked up; once admitted, the rest are read _LOAD_PIECE_BLOCKS at a time, and every _SCATTER_BLOCKS
+# read are written into the rows behind the device's wait for their copies. (A write costs ~0.3 ms of
+# host time, about the copy of 20 blocks on an H100: writing every piece would leave the copies waiting
+# for the host; writing all of them after the reads left ~2 ms of host work after the last copy.)
+_FIRST_LOAD_PIECE_BLOCKS, _LOAD_PIECE_BLOCKS, _SCATTER_BLOCKS = 4, 32, 64
 _TAIL_BATCH = 8  # tail objects looked up at once, from the load's furthest end down
 # A save goes in pieces of at most this many bytes of objects: the copy of one piece to host memory
 # runs while the next is gathered and sealed. A piece also costs fixed host time (about 1.4 ms on an H100
@@ -325,13 +327,14 @@ class TierCache:
         return (first, last) if last > first else None
 
     def _load(self, mgr, seq_id: int, tokens: torch.Tensor, salt: Salt, fetch: ObjectFetch, step) -> int:
-        """Read the blocks, then admit with the furthest end that has a tail object and
-        write the rows; an end found unsound is given back, and the next one below the
+        """Find the blocks the backends hold, admit with the furthest end that has a tail
+        object, then read the blocks and write the rows as they are read; an end found
+        unsound (or a block not read whole) is given back, and the next one below the
         sound blocks tried. Without any: a plain allocate."""
         bs, first = self.config.block_size, fetch.first
-        self._read_blocks(fetch, tokens, salt)
-        top = first + len(fetch.keys)  # no load ends past it
-        for end, key in self._tail_ends(fetch):
+        held = self._held_keys(fetch, tokens, salt)
+        top = first + len(held)  # no load ends past it
+        for end, key in self._tail_ends(held, first):
             if end > top or not fetch.read_tail(key):
                 continue
             cached = mgr.allocate(seq_id, tokens, salt=salt, loaded_tokens=end * bs)
@@ -339,8 +342,9 @@ class TierCache:
                 return cached
             sound = cached // bs  # fewer loaded than asked (the row space's share): the load ends there or below
             if cached == end * bs:
-                self._write_rows(mgr, seq_id, fetch, end, step)
-                sound, tail_sound = fetch.verify(end)
+                sound, tail_sound = self._write_rows(mgr, seq_id, fetch, held, end, step), False
+                if sound == end:
+                    sound, tail_sound = fetch.verify(end)
                 if sound == end and tail_sound:
                     self._took(fetch, end)
                     return cached
@@ -351,42 +355,49 @@ class TierCache:
         self.counters["rejected_objects"] += len(fetch.rejected)
         return mgr.allocate(seq_id, tokens, salt=salt)
 
-    def _read_blocks(self, fetch: ObjectFetch, tokens: torch.Tensor, salt: Salt) -> None:
-        """Blocks [first, last) read in pieces (their copies start while the next piece's keys
-        are chained and looked up), up to the first block no backend holds whole."""
+    def _held_keys(self, fetch: ObjectFetch, tokens: torch.Tensor, salt: Salt) -> List[bytes]:
+        """The keys of blocks [first, last) up to the first one no backend holds (looked up,
+        not read). The first few are read at once, so the copies start while the rest
+        are chained and looked up."""
         bs, first, last = self.config.block_size, fetch.first, fetch.last
         parent = root_key(self.layout.fingerprint, salt)
         if first:
             parent = chain_keys(parent, tokens, bs, first)[-1]  # the HBM hit's blocks: the chain's start
-        piece = min(_FIRST_LOAD_PIECE_BLOCKS, _LOAD_PIECE_BLOCKS)
-        while first + len(fetch.keys) < last:
-            start = first + len(fetch.keys)
-            keys = chain_keys(parent, tokens, bs, min(piece, last - start), start=start)
-            parent, piece = keys[-1], min(2 * piece, _LOAD_PIECE_BLOCKS)
+        held: List[bytes] = []
+        head = min(_FIRST_LOAD_PIECE_BLOCKS, last - first)
+        for count in (head, last - first - head):
+            if not count:
+                continue
+            keys = chain_keys(parent, tokens, bs, count, start=first + len(held))
             present = self._present([key_name(k) for k in keys])
             found = present.index(False) if False in present else len(keys)
-            if fetch.blocks(keys[:found]) < len(keys):
-                return
+            held += keys[:found]
+            if not fetch.keys:
+                fetch.blocks(held)  # the first copies start now
+            if found < len(keys):
+                break
+            parent = keys[-1]
+        return held
 
-    def _tail_ends(self, fetch: ObjectFetch):
+    def _tail_ends(self, held: List[bytes], first: int):
         """(end, its tail object's key) of the block boundaries a load may end at, from the
-        furthest down: those of the blocks read whole where a backend holds a tail object
+        furthest down: those of the blocks held where a backend holds a tail object
         (looked up _TAIL_BATCH at a time, as the furthest one is usually there)."""
-        first = fetch.first
-        high = first + len(fetch.keys)
+        high = first + len(held)
         while high > first:
             ends = range(high, max(first, high - _TAIL_BATCH), -1)
-            keys = [tail_key(fetch.keys[end - 1 - first]) for end in ends]
+            keys = [tail_key(held[end - 1 - first]) for end in ends]
             present = self._present([key_name(key) for key in keys])
-            yield from ((end, key) for end, key, held in zip(ends, keys, present) if held)
+            yield from ((end, key) for end, key, have in zip(ends, keys, present) if have)
             high = ends[-1] - 1
 
-    def _write_rows(self, mgr, seq_id: int, fetch: ObjectFetch, end: int, step) -> None:
-        """Write blocks [first, end)'s objects and the tail into the rows the sequence was
-        just given, on the step's stream, after the row copies its admission made: the
-        blocks whose copies have landed at once, each time the host gets here, and the
-        rest behind the device's wait for their copies (no host wait)."""
-        first, planes = fetch.first, getattr(self.kv, "planes", ())
+    def _write_rows(self, mgr, seq_id: int, fetch: ObjectFetch, held: List[bytes], end: int, step) -> int:
+        """Read blocks [first, end)'s objects and write them, with the tail, into the rows
+        the sequence was just given, on the step's stream, after the row copies its
+        admission made: each group of blocks read is written behind the device's wait
+        for its copies (no host wait), while the next group's copies run. The end of the
+        blocks read whole: ``end``, or the first block that was not."""
+        first, planes, count = fetch.first, getattr(self.kv, "planes", ()), end - fetch.first
         with self._stream(step, after_current=False):
             mgr.stage([seq_id])  # takes the unit moves this admission made (row space) ...
             mgr.upload(1)
@@ -395,25 +406,23 @@ class TierCache:
             tables = [mgr.logical_table(seq_id)] + [mgr.phys_table(seq_id, t) for t in range(self._tables)]
             where = torch.stack([t[first:end] for t in tables], dim=1)
             units = mgr.staged_swa_table(seq_id)[(end - 1) * self._ppb: end * self._ppb].view(1, -1)
-            offsets, count, done = fetch.offsets(end), end - first, 0
+            offsets, done = fetch.offsets(end), 0
             while done < count:
-                landed = fetch.landed(count)
-                if landed > done:
-                    self.layout.scatter(BLOCK, where[done:landed], fetch.source, offsets[done:landed])
-                    done = landed
+                read = min(len(fetch.keys), count)
+                if read < count and read - done < _SCATTER_BLOCKS:
+                    wanted = min(count - read, _LOAD_PIECE_BLOCKS)
+                    with self._stream(self.load_stream, after_current=False):
+                        if fetch.blocks(held[read: read + wanted]) < wanted:
+                            return first + len(fetch.keys)  # a block not whole: the load ends before it
                     continue
-                # The host is ahead of the copies: the rest behind the device's waits for them, the last
-                # read's blocks alone, so that little is left to write once the last copy lands.
-                last = max(done, fetch.piece_start(count))
-                for low, high in ((done, last), (last, count)):
-                    if high > low:
-                        fetch.wait(step, high)
-                        self.layout.scatter(BLOCK, where[low:high], fetch.source, offsets[low:high])
-                done = count
+                fetch.wait(step, read)
+                self.layout.scatter(BLOCK, where[done:read], fetch.source, offsets[done:read])
+                done = read
             fetch.wait(step, count, tail=True)
             self.layout.scatter(TAIL, units, fetch.source, offsets[-1:])
             if step is not None:
                 fetch.source.record_stream(step)  # read there after admit returns
+        return end
 
     def _took(self, fetch: ObjectFetch, end: int) -> None:
         """Count a load and its objects by the backend that had them, and copy those a

@@ -1,13 +1,12 @@
 """A load's objects on their way from the tiers to the KV's device (``TierCache.admit``).
 
-The block objects that continue an HBM hit are read piece by piece, and each
-piece's host-to-device copies start as soon as its objects are found, while
-the host goes on with the next piece's keys and lookups: a load then takes
-about its copy's time, not the host's work and then the copy. (Found all at
-once, a 32K-token V4-Pro load spent 2 ms of an H100 host's time on lookups
-before its 3.7 ms copy began.) The tail object is read last, once the load's
-end is known. Each read's copies record an event, so the rows can be
-written from the blocks that landed while later ones are still copied.
+The block objects that continue an HBM hit are read piece by piece, each
+piece's host-to-device copies started as soon as its objects are found, so
+a load takes about its copy's time, not the host's work and then the copy.
+(Found all at once, a 32K-token V4-Pro load spent 2 ms of an H100 host's
+time on lookups before its 3.7 ms copy began.) Each read's copies record an
+event: the rows are written from a group of blocks behind the device's wait
+for that event, with no host wait, while later reads are still copied.
 """
 from __future__ import annotations
 
@@ -107,16 +106,6 @@ class ObjectFetch:
         event.record()  # on the load stream, the current one here
         return event
 
-    def landed(self, count: int) -> int:
-        """How many of the first ``count`` blocks are on the device now (their copies
-        completed; all of them without CUDA). Never waits."""
-        done = 0 if self._landing else count
-        for blocks, event in self._landing:
-            if not event.query():
-                break
-            done = blocks
-        return min(done, count)
-
     def wait(self, stream, count: int, tail: bool = False) -> None:
         """Make ``stream`` wait (on the device, not the host) for the copies of the first
         ``count`` blocks, or of the tail with ``tail``."""
@@ -188,10 +177,6 @@ class ObjectFetch:
         layout, count = self.cache.layout, end - self.first
         blocks = [(key_name(k), by, layout.object_bytes(BLOCK)) for k, by in zip(self.keys[:count], self.read_by)]
         return blocks + [(key_name(self.tail[0]), self.tail[1], layout.object_bytes(TAIL))]
-
-    def piece_start(self, count: int) -> int:
-        """The first block of the read that brought block ``count - 1`` (CUDA)."""
-        return max((blocks for blocks, _ in self._landing if blocks < count), default=0)
 
     def close(self, stream) -> None:
         """After the load is taken or given up: wait for copies never verified (the host
