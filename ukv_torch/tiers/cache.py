@@ -365,14 +365,14 @@ class TierCache:
             parent = chain_keys(parent, tokens, bs, first)[-1]  # the HBM hit's blocks: the chain's start
         held: List[bytes] = []
         head = min(_FIRST_LOAD_PIECE_BLOCKS, last - first)
-        for count in (head, last - first - head):
+        for group, count in enumerate((head, last - first - head)):
             if not count:
                 continue
             keys = chain_keys(parent, tokens, bs, count, start=first + len(held))
             present = self._present([key_name(k) for k in keys])
             found = present.index(False) if False in present else len(keys)
             held += keys[:found]
-            if not fetch.keys:
+            if group == 0:
                 fetch.blocks(held)  # the first copies start now
             if found < len(keys):
                 break
