@@ -92,8 +92,9 @@ def damage(tier, name, how):
 @pytest.mark.parametrize("which", ["block", "tail"])
 @pytest.mark.parametrize("piece_blocks", [1, 2, 32])
 def test_a_damaged_object_is_a_miss_and_the_rest_is_recomputed(how, which, piece_blocks, monkeypatch):
-    """A load reads its blocks piece_blocks at a time (1 and 2: block 2 is in a later
-    piece than the first; 32: one piece)."""
+    """A load reads its first 4 blocks before admitting, then the rest piece_blocks at a
+    time: a bad block 2 is found before the admission (truncated) or after it (flipped,
+    found by the verify); a bad tail 5 after it."""
     monkeypatch.setattr("ukv_torch.tiers.cache._LOAD_PIECE_BLOCKS", piece_blocks)
     tier = host()
     a, p = saved_engine("row_space", tier)
@@ -165,9 +166,7 @@ def test_a_load_found_unsound_after_its_admission_gives_its_rows_back_and_touche
     other = prompt(4, 3 * BS + 1)
     assert b.prefill(1, other) == 0
     before = [b.block_bytes(1, block) for block in range(3)]
-    allocate, claims = b.mgr.allocate, []
-    b.mgr.allocate = lambda *args, loaded_tokens=0, **kw: claims.append(loaded_tokens) or \
-        allocate(*args, loaded_tokens=loaded_tokens, **kw)
+    claims = claims_of(b.mgr)
     cached = b.tiers.admit(b.mgr, 3, p)
     assert claims == [5 * BS, 3 * BS]  # the whole load, then at once the sound blocks' end
     assert cached == 3 * BS and b.mgr.num_computed(3) == 3 * BS
@@ -175,6 +174,56 @@ def test_a_load_found_unsound_after_its_admission_gives_its_rows_back_and_touche
     assert [b.block_bytes(1, block) for block in range(3)] == before
     assert [b.block_bytes(3, block) for block in range(3)] == [a.block_bytes(0, block) for block in range(3)]
     assert b.tiers.stats()["loaded_requests"] == 1 and b.tiers.stats()["loaded_blocks"] == 3
+
+
+def claims_of(mgr):
+    """The loaded_tokens of each allocate call on ``mgr`` from now on."""
+    allocate, claims = mgr.allocate, []
+    mgr.allocate = lambda *args, loaded_tokens=0, **kw: claims.append(loaded_tokens) or \
+        allocate(*args, loaded_tokens=loaded_tokens, **kw)
+    return claims
+
+
+@pytest.mark.parametrize("block, piece_blocks, claims", [(2, 32, [2 * BS]), (4, 1, [5 * BS, 4 * BS])])
+def test_a_block_not_whole_is_never_admitted_past_once_it_was_read(block, piece_blocks, claims, monkeypatch):
+    """A truncated block among the first 4 (read before admission) ends the load before it
+    with one admission; one read after the admission (block 4) gives that admission back."""
+    monkeypatch.setattr("ukv_torch.tiers.cache._LOAD_PIECE_BLOCKS", piece_blocks)
+    tier = host()
+    a, p = saved_engine("row_space", tier)
+    blocks, _ = object_names(a, p)
+    damage(tier, blocks[block], "truncate")
+    b = TierEngine("elastic", [tier], seed=9)
+    made = claims_of(b.mgr)
+    cached = b.tiers.admit(b.mgr, 3, p)
+    assert made == claims and cached == claims[-1]
+    assert [b.block_bytes(3, i) for i in range(block)] == [a.block_bytes(0, i) for i in range(block)]
+
+
+def test_a_backend_that_raises_mid_load_leaves_no_admission_behind():
+    """A backend error after the admission (here the read of block 4, after the first 4)
+    reaches the caller, and the sequence is not left admitted: the pools are as before."""
+    tier = host()
+    a, p = saved_engine("row_space", tier)
+    b = TierEngine("elastic", [tier], seed=9)
+    before = b.mgr.stats()
+    peek, calls = tier.peek, []
+
+    def failing_peek(keys):
+        calls.append(keys)
+        if len(calls) > 2:  # the first 4 blocks and the tail read, then block 4's read fails
+            raise RuntimeError("the store went away")
+        return peek(keys)
+
+    tier.peek = failing_peek
+    made = claims_of(b.mgr)
+    with pytest.raises(RuntimeError, match="the store went away"):
+        b.tiers.admit(b.mgr, 3, p)
+    assert made == [5 * BS] and not b.mgr.has_sequence(3)
+    b.mgr.check_invariants()
+    after = b.mgr.stats()
+    assert {k: after[k] for k in ("num_sequences", "free_logical_blocks", "free_swa_slots")} == \
+        {k: before[k] for k in ("num_sequences", "free_logical_blocks", "free_swa_slots")}
 
 
 def test_a_row_space_kv_without_its_planes_is_refused_by_name():

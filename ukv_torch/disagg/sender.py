@@ -30,7 +30,8 @@ A receiver that dies, does not answer the ping, or stays silent or stops
 taking bytes for ``timeout_s``, makes the send fail
 (`SendResult.status == "failed"`); the
 sequence is then kept, or freed with ``free_on_failure``. Rows the receiver
-names wrongly, or another model geometry, raise ValueError with nothing
+names wrongly, another model geometry, or (KV on a GPU) a layer too large
+for two of it to fit either side's staging, raise ValueError with nothing
 written and the sequence kept.
 """
 from __future__ import annotations

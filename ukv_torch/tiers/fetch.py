@@ -1,12 +1,11 @@
 """A load's objects on their way from the tiers to the KV's device (``TierCache.admit``).
 
 The block objects that continue an HBM hit are read piece by piece, each
-piece's host-to-device copies started as soon as its objects are found, so
-a load takes about its copy's time, not the host's work and then the copy.
-(Found all at once, a 32K-token V4-Pro load spent 2 ms of an H100 host's
-time on lookups before its 3.7 ms copy began.) Each read's copies record an
-event: the rows are written from a group of blocks behind the device's wait
-for that event, with no host wait, while later reads are still copied.
+piece's host-to-device copies started as soon as it is read, and the first
+piece before the rest are looked up, so the copies start early and run
+while the host admits the sequence and reads on. Each read's copies record
+an event: the rows are written from a group of blocks behind the device's
+wait for that event, with no host wait, while later reads are still copied.
 """
 from __future__ import annotations
 
