@@ -222,17 +222,24 @@ class Staging:
     def to_host(self, place: int, nbytes: int) -> None:
         """After a gather into ``at(place, nbytes)``: its bytes in the host buffer, for the
         transfer engine (KV on a GPU; waits for the copy, so the engine reads them whole)."""
-        if self.on_device:
-            self.buffer[place: place + nbytes].copy_(self.mirror[place: place + nbytes], non_blocking=True)
-            torch.cuda.current_stream(self.mirror.device).synchronize()
+        self._copy(self.buffer, self.mirror, place, nbytes)
 
     def to_device(self, place: int, nbytes: int) -> None:
         """Before a scatter from ``at(place, nbytes)``: the bytes the transfer engine landed
         in the host buffer, on the device (KV on a GPU; waits for the copy, so the host
         range may take the next piece's bytes at once)."""
+        self._copy(self.mirror, self.buffer, place, nbytes)
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor, place: int, nbytes: int) -> None:
         if self.on_device:
-            self.mirror[place: place + nbytes].copy_(self.buffer[place: place + nbytes], non_blocking=True)
+            dst[place: place + nbytes].copy_(src[place: place + nbytes], non_blocking=True)
             torch.cuda.current_stream(self.mirror.device).synchronize()
+
+
+def registered(regions: KvRegions, staging: Staging) -> List[Tuple[int, int]]:
+    """What a side registers with its transfer engine: its KV tensors and its staging, or
+    only the staging for KV on a GPU (the engine moves host memory)."""
+    return ([] if staging.on_device else regions.memory()) + staging.memory()
 
 
 #: rows whose runs average this many bytes go straight even where a staging

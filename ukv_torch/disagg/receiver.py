@@ -46,7 +46,7 @@ from ..plan.unified_kv import UnifiedKv
 from ..transfer import SequenceExport, SequenceRows
 from .channel import Channel, ChannelClosed, check_timeout
 from .endpoint import TransferEndpoint
-from .kv_regions import PIECE_BYTES, KvRegions, Staging, pieces, short, staged
+from .kv_regions import PIECE_BYTES, KvRegions, Staging, pieces, registered, short, staged
 
 #: how many finished transfer ids are remembered, to answer a replayed "done"
 REMEMBERED_TRANSFERS = 4096
@@ -252,9 +252,7 @@ class KvReceiver:
         self.endpoint.unregister(self._memory())
 
     def _memory(self):
-        """What the transfer engine writes: the KV tensors and the staging, or only the
-        staging for KV on a GPU."""
-        return ([] if self._staging.on_device else self.regions.memory()) + self._staging.memory()
+        return registered(self.regions, self._staging)
 
 
 class _Arriving:

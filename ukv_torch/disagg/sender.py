@@ -49,7 +49,8 @@ from ..plan.unified_kv import UnifiedKv
 from ..transfer import SequenceExport, SequenceRows
 from .channel import Channel, ChannelClosed, check_timeout
 from .endpoint import POLL_S, TransferEndpoint, WriteFailed, Writes
-from .kv_regions import PIECE_BYTES, KvRegions, Staging, check_after, check_destination, check_pieces, cut, join
+from .kv_regions import (PIECE_BYTES, KvRegions, Staging, check_after, check_destination, check_pieces, cut, join,
+                         registered)
 
 
 class SendResult(NamedTuple):
@@ -190,9 +191,7 @@ class KvSender:
         self.endpoint.unregister(self._memory())
 
     def _memory(self):
-        """What the transfer engine reads: the KV tensors and the staging, or only the
-        staging for KV on a GPU."""
-        return ([] if self._staging.on_device else self.regions.memory()) + self._staging.memory()
+        return registered(self.regions, self._staging)
 
 
 class _Prepared(NamedTuple):
@@ -255,8 +254,9 @@ class _Pipeline:
                 # (a piece all cached moves nothing)
                 self._until(lambda: self.landed >= self.room[k])
                 gathered = time.perf_counter()
-                self.rows.gather(self._staged(k), self.layers[k], self.layers[k + 1])
-                self.staging.to_host(int(self.places[k]), int(self.starts[k + 1] - self.starts[k]))
+                place, nbytes = self._piece(k)
+                self.rows.gather(self.staging.at(place, nbytes), self.layers[k], self.layers[k + 1])
+                self.staging.to_host(place, nbytes)
                 gathering += time.perf_counter() - gathered
             self._until(lambda: self.scattered >= self.after[k])
             writes = self._writes(k)
@@ -287,15 +287,16 @@ class _Pipeline:
         for _, writes in self.in_flight:
             writes.cancel()
 
-    def _staged(self, k: int):
-        return self.staging.at(int(self.places[k]), int(self.starts[k + 1] - self.starts[k]))
+    def _piece(self, k: int) -> Tuple[int, int]:
+        """Piece k's place in the staging buffer, and its bytes."""
+        return int(self.places[k]), int(self.starts[k + 1] - self.starts[k])
 
     def _writes(self, k: int) -> np.ndarray:
         mine = self.writes[self.first[k]: self.first[k + 1]]
         if self.rows is None:
             return mine[:, 1:]
-        staged = np.array([[self.starts[k], self.staging.address(int(self.places[k])),
-                            self.starts[k + 1] - self.starts[k]]])
+        place, nbytes = self._piece(k)
+        staged = np.array([[self.starts[k], self.staging.address(place), nbytes]])
         return join(staged, mine)[:, 1:]
 
     def _until(self, condition) -> None:
