@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ukv_torch.tiers import HostTier, TierCache
+from ukv_torch.tiers.staging import aligned
 
 from support.tier_engine import TierEngine, host
 
@@ -177,6 +178,15 @@ def test_a_tier_too_small_for_one_object_is_refused_before_anything_is_made():
     assert small._registered == []  # no buffer was registered with it
     with pytest.raises(ValueError, match="staging_bytes"):
         TierCache(engine.plan, engine.kv, [host()], staging_bytes=largest)
+    layout = engine.tiers.layout
+    pair = sum(aligned(layout.object_bytes(k)) for k in (0, 1))
+    for bad in (2 * pair - 1, True, 2.0 * pair):
+        fresh = host()
+        with pytest.raises(ValueError, match=r"save_buffer_bytes must be an int that holds a block and its tail "
+                                             rf"object twice \({2 * pair} bytes\)"):
+            TierCache(engine.plan, engine.kv, [fresh], save_buffer_bytes=bad)
+        assert fresh._registered == []
+    assert TierCache(engine.plan, engine.kv, [host()], save_buffer_bytes=2 * pair).save_buffer.size == 2 * pair
     with pytest.raises(ValueError, match="backends"):
         TierCache(engine.plan, engine.kv, [])
 

@@ -402,3 +402,49 @@ def test_a_load_ends_where_the_row_space_copy_list_has_room_and_its_rows_are_rig
     b.step_rows([3])
     for block in range(14):  # (the saver's window has left the tail's positions: the tail is checked elsewhere)
         assert b.block_bytes(3, block) == a.block_bytes(0, block), block
+
+
+def saved_through_a_two_piece_save_buffer(device, delay_copies=False):
+    """A 10-block prompt computed in one chunk and saved through a save buffer of two
+    pieces of one block and its tail (every piece after the second reuses a range),
+    with the copies to host memory held back on the side stream by ``delay_copies``
+    (then every piece after the second finds its range's copy still to run): the
+    loaded rows must be the ones saved. Returns the saver's stats."""
+    tier, p = host(), prompt(3, 10 * BS + 1)
+    a = TierEngine("row_space", [tier], device=device, max_num_batched_tokens=2048)
+    layout = a.tiers.layout
+    pair = aligned(layout.object_bytes(BLOCK)) + aligned(layout.object_bytes(TAIL))
+    a.tiers = TierCache(a.plan, a.kv, [tier], save_buffer_bytes=2 * pair)
+    assert a.tiers.admit(a.mgr, 0, p) == 0
+    a.mgr.ensure_for_tokens([0], [len(p)])
+    a.step_rows([0])
+    a.mgr.commit_prefill([0], [len(p)], [7])
+    if delay_copies:
+        with torch.cuda.stream(a.tiers.side):
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU clock: the copies start after every gather was asked for
+    a.tiers.save(a.mgr, a.mgr.take_events())
+    a.tiers.flush()
+    b = TierEngine("elastic", [tier], seed=9, device=device, max_num_batched_tokens=2048)
+    assert b.tiers.admit(b.mgr, 3, p) == 10 * BS
+    b.mgr.ensure_for_tokens([3], [1])
+    b.step_rows([3])
+    for block in range(10):
+        assert b.block_bytes(3, block) == a.block_bytes(0, block), block
+    for position in range(10 * BS - (WINDOW - 1), 10 * BS):
+        assert b.position_bytes(3, position) == a.position_bytes(0, position), position
+    return a.tiers.stats()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_saves_through_a_save_buffer_of_two_pieces_restore_every_row(device):
+    stats = saved_through_a_two_piece_save_buffer(device)
+    assert stats["saved_objects"] == 20 and stats["dropped_saves"] == 0
+
+
+@pytest.mark.gpu
+def test_a_save_buffer_range_is_reused_only_after_its_copy_to_host_memory():
+    """The copies held back behind 0.1 s of GPU sleep: each piece after the second waits on
+    the device for the copy of the piece that held its range (without that wait the
+    later gathers overwrite objects before they are copied, and the load stops early)."""
+    stats = saved_through_a_two_piece_save_buffer("cuda", delay_copies=True)
+    assert stats["saved_objects"] == 20 and stats["save_buffer_waits"] == 8

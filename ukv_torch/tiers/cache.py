@@ -8,7 +8,8 @@
   which ``admit`` turns on), so that is every block boundary of a prompt, not
   only those a chunk's last window covers: a load can end at any of them.
   The rows are gathered and the objects sealed (header and checksum) on the
-  step's stream, so no later step can reuse or move the rows before they are
+  step's stream, into the save buffer (save_buffer.py: one device buffer of
+  a fixed size), so no later step can reuse or move the rows before they are
   read; the copies to host memory run on a side stream, straight into the
   memory a HostTier reserves (into staging for a backend that takes puts),
   and the objects reach the backends once they have completed (``poll``).
@@ -43,6 +44,7 @@ from .backend import TierBackend
 from .fetch import ObjectFetch, merged_copies
 from .keys import KeyChain, chain_keys, key_name, root_key, tail_key, token_bytes
 from .objects import BLOCK, TAIL, ObjectLayout
+from .save_buffer import SaveBuffer
 from .staging import Staging, aligned
 
 __all__ = ["TierCache"]
@@ -91,11 +93,23 @@ class TierCache:
     and their tails, beside one load of max_blocks_per_seq blocks; at least
     64 objects of the larger kind) also bounds a load: no load is longer than
     the staging holds, and a save that finds no room there is dropped for
-    those backends. Construction checks everything first and
-    raises ValueError naming the argument: no backend, a backend whose
-    capacity_bytes is below one object, staging below one load's objects."""
+    those backends.
 
-    def __init__(self, plan, kv, backends: Sequence[TierBackend], *, staging_bytes: Optional[int] = None):
+    ``save_buffer_bytes``: the device memory the saves gather their objects
+    into (save_buffer.py), allocated at the first save; each save piece takes
+    at most half of it. Default: room for two pieces of a step's saves (the
+    blocks of max_num_batched_tokens and their tails), at most 2 x 192 MiB.
+    Saves that outrun the copies to host memory wait on the device for them
+    (``stats()["save_buffer_waits"]`` counts the pieces that did) rather than
+    take more.
+
+    Construction checks everything first and raises ValueError naming the
+    argument: no backend, a backend whose capacity_bytes is below one object,
+    staging below a block and a tail object, a save buffer below two of
+    them."""
+
+    def __init__(self, plan, kv, backends: Sequence[TierBackend], *, staging_bytes: Optional[int] = None,
+                 save_buffer_bytes: Optional[int] = None):
         backends = list(backends)
         if not backends or not all(isinstance(b, TierBackend) for b in backends):
             raise ValueError(f"TierCache: backends must be a non-empty list of TierBackend, got {backends!r}")
@@ -118,11 +132,19 @@ class TierCache:
         if staging_bytes < 2 * aligned(largest):
             raise ValueError(f"TierCache: staging_bytes must hold a block and a tail object ({2 * aligned(largest)} "
                              f"bytes), got {staging_bytes}")
+        if save_buffer_bytes is None:
+            step_blocks = -(-config.max_num_batched_tokens // config.block_size)
+            save_buffer_bytes = max(2 * (block + tail), min(2 * _SAVE_PIECE_BYTES, 2 * step_blocks * (block + tail)))
+        if isinstance(save_buffer_bytes, bool) or not isinstance(save_buffer_bytes, int) or \
+                save_buffer_bytes < 2 * (block + tail):
+            raise ValueError(f"TierCache: save_buffer_bytes must be an int that holds a block and its tail object "
+                             f"twice ({2 * (block + tail)} bytes), got {save_buffer_bytes!r}")
         self.plan, self.kv, self.config, self.layout, self.backends = plan, kv, config, layout, backends
         self._block_bytes, self._tail_bytes = block, tail
         self.device = layout.device
         self.cuda = self.device is not None and self.device.type == "cuda"
         self.staging = Staging(staging_bytes, pinned=self.cuda)
+        self.save_buffer = SaveBuffer(save_buffer_bytes, self.device)
         for b in backends:
             b.register_buffer(self.staging.buffer)
         # Saves and loads on streams of their own: a load waits for its copies only, not for saves.
@@ -164,7 +186,7 @@ class TierCache:
         of objects and half the staging (a step of whole chunks publishes every block with its
         tail, which a smaller staging saves in part)."""
         where, units, found, has_tail = self._locate(mgr, blocks)
-        limit = min(self.staging.size // 2, _SAVE_PIECE_BYTES)
+        limit = min(self.staging.size // 2, self.save_buffer.size // 2, _SAVE_PIECE_BYTES)
         sizes = found * self._block_bytes + has_tail * self._tail_bytes
         start, size = 0, 0
         for i in range(len(blocks)):
@@ -199,7 +221,8 @@ class TierCache:
         keys = [k for k, f in zip(keys, found) if f] + [tail_key(k) for k, t in zip(keys, has_tail) if t]
         offsets, nbytes = self._offsets(kinds)
         # Gathered and sealed on the step's stream, so no later step reuses or moves the rows first.
-        target = torch.empty(nbytes, dtype=torch.uint8, device=self.device or "cpu")
+        step = torch.cuda.current_stream(self.device) if self.cuda else None
+        place, target = self.save_buffer.take(nbytes, step)
         if n_blocks:
             self.layout.gather(BLOCK, where[torch.from_numpy(found)], target, offsets[:n_blocks])
         if len(kinds) > n_blocks:
@@ -220,7 +243,7 @@ class TierCache:
             if self.cuda:
                 save.event = torch.cuda.Event()
                 save.event.record(self.side)
-                target.record_stream(self.side)
+        self.save_buffer.copying(place, save.event)
         self._saves.append(save)
         self.poll()
 
@@ -513,7 +536,7 @@ class TierCache:
 
     def stats(self) -> Dict[str, int]:
         """The counters, and each backend's stats prefixed by its name."""
-        out = dict(self.counters)
+        out = dict(self.counters, save_buffer_waits=self.save_buffer.waits)
         for b in self.backends:
             out.update({f"{b.name}_{k}": v for k, v in b.stats().items()})
         return out
