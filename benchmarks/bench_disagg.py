@@ -22,7 +22,12 @@ acknowledgement) and of its write phase, beside raw; host cost per sequence
 on each side (describing, checking and joining rows; admitting and staging).
 The % of raw is the median of each round's own ratio (its send against the
 raw write just before it), so a drift of the host's speed between rounds,
-which on a small VM moves raw by 1.5x, cancels out.
+which on a small VM moves raw by 1.5x, cancels out. "Cores busy": the
+host's CPU time (every process, from /proc/stat) over the wall time of the
+raw write and of the send. Over loopback TCP the transfer engine's own
+copies take most of a small host's cores, and a staged send adds a gather
+and a scatter of every byte: where raw keeps nearly all cores busy, the
+send's time is bounded by its CPU time over the cores, not by the engine.
 
 With --device cuda both pools' KV is on the GPU (two processes sharing it):
 every piece is gathered on the GPU into the sender's device mirror of its
@@ -58,6 +63,13 @@ TOKENS = (32 * 1024, 128 * 1024)
 MODES = {"staged": None, "staged64": 64 << 20, "direct": 0}
 LABELS = {"staged": "staged", "staged64": "staged 64 MiB", "direct": "direct"}
 MAX_TOKENS = max(TOKENS) + 256
+
+
+def busy_seconds() -> float:
+    """The CPU time every process of the host has used so far, in seconds (Linux's /proc/stat)."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
 
 
 def side(layout: str, device: str):
@@ -159,13 +171,13 @@ def main():
                               mooncake=mooncake_version(), device=args.device, rounds=args.rounds, rows=rows)))
         return
     lines = ["| rows | sequence | MiB | send GB/s | write GB/s | raw GB/s | send % of raw | write % of raw | "
-             "sender host ms | receiver host ms | send ms |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "sender host ms | receiver host ms | send ms | cores busy: raw / send |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {LABELS[r['mode']]} | {r['tokens'] // 1024}K tokens | {r['mib']:.0f} | {r['send_gbps']:.2f} | "
                      f"{r['write_gbps']:.2f} | {r['raw_gbps']:.2f} | {r['send_pct_of_raw']:.0f}% | "
                      f"{r['write_pct_of_raw']:.0f}% | {r['sender_host_ms']:.1f} | {r['receiver_host_ms']:.1f} | "
-                     f"{r['send_ms']:.0f} |")
+                     f"{r['send_ms']:.0f} | {r['raw_cores_busy']:.2f} / {r['send_cores_busy']:.2f} of {os.cpu_count()} |")
     print("\n".join(lines))
 
 
@@ -191,7 +203,7 @@ def run(plan, kv, mgr, mode: str, rounds: int, device: str):
         reports_channel = None
         rng = np.random.default_rng(0)
         for tokens in TOKENS:
-            sends, writes, raws, sender_host, receiver_host = [], [], [], [], []
+            sends, writes, raws, sender_host, receiver_host, raw_cores, send_cores = [], [], [], [], [], [], []
             for r in range(rounds):
                 seq_id = len(sends) + 100 * r
                 prompt = rng.integers(0, 32000, tokens).tolist()
@@ -200,12 +212,15 @@ def run(plan, kv, mgr, mode: str, rounds: int, device: str):
                 nbytes = transfer_bytes(plan, kv, mgr.describe_sequence(seq_id))
                 alive.ping(30)  # a raw write's handshake, like a send's, follows the receiver's answer to a ping
                 endpoint.mark_alive(engine_name)
-                started = time.perf_counter()
+                busy, started = busy_seconds(), time.perf_counter()
                 assert endpoint.write(engine_name, np.array([[raw.data_ptr(), int(raw_address), nbytes]]))
-                raws.append(nbytes / (time.perf_counter() - started))
-                started = time.perf_counter()
+                elapsed = time.perf_counter() - started
+                raws.append(nbytes / elapsed)
+                raw_cores.append((busy_seconds() - busy) / elapsed)
+                busy, started = busy_seconds(), time.perf_counter()
                 result = sender.send(seq_id, (host, int(port)))
                 elapsed = time.perf_counter() - started
+                send_cores.append((busy_seconds() - busy) / elapsed)
                 assert result.status == "sent" and result.nbytes == nbytes, result
                 reports_channel = reports_channel or Channel(reports.accept()[0])
                 report = reports_channel.receive(120)
@@ -222,7 +237,8 @@ def run(plan, kv, mgr, mode: str, rounds: int, device: str):
                              write_pct_of_raw=round(100 * m([w / r for w, r in zip(writes, raws)]), 1),
                              sender_host_ms=round(1e3 * m(sender_host), 2),
                              receiver_host_ms=round(1e3 * m(receiver_host), 2),
-                             send_ms=round(1e3 * nbytes / m(sends), 1)))
+                             send_ms=round(1e3 * nbytes / m(sends), 1),
+                             raw_cores_busy=round(m(raw_cores), 2), send_cores_busy=round(m(send_cores), 2)))
         reports_channel.send(dict(stop=True))
         alive.close()
         sender.close()
