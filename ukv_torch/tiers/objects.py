@@ -41,6 +41,7 @@ from ..ops import gather_rows, scatter_rows, swa_slot_mapping
 from ..plan.records import KvPlan
 from ..transfer import _run_block
 from .keys import fingerprint
+from .uploads import Uploads
 
 __all__ = ["BLOCK", "TAIL", "HEADER_BYTES", "ObjectLayout"]
 
@@ -103,6 +104,7 @@ class ObjectLayout:
         self.payload_bytes = sizes
         self._calls = {kind: self._copy_calls(kind) for kind in (BLOCK, TAIL)}
         self.device = None if kv is None else self.layers[0].planes[0].device
+        self._uploads = Uploads(self.device) if self.device is not None and self.device.type == "cuda" else None
         # The header's first two words per kind (magic, version, kind; payload bytes).
         self._fixed_words = np.frombuffer(b"".join(_FIXED.pack(_MAGIC, _VERSION, kind, 0, sizes[kind])
                                                    for kind in (BLOCK, TAIL)), dtype="<i8").reshape(2, 2)
@@ -225,9 +227,9 @@ class ObjectLayout:
         return layer.planes + ([layer.indexer] if layer.indexer is not None else [])
 
     def _upload(self, t: torch.Tensor) -> torch.Tensor:
-        """A host tensor on the KV's device, through pinned memory: a copy from pageable
-        memory would wait for the stream's earlier work (every gather before it)."""
-        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
+        """A host tensor on the KV's device, through page-locked memory (uploads.py): a copy
+        from pageable memory would wait for the stream's earlier work (every gather before it)."""
+        return self._uploads(t) if self._uploads is not None else t
 
     def _block_runs(self, layer: _Layer, where: np.ndarray, base: np.ndarray) -> np.ndarray:
         """Runs (tensor, first row, rows, offset) of a compress layer's rows in block objects."""
