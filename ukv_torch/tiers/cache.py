@@ -50,20 +50,22 @@ from .staging import Staging, aligned
 __all__ = ["TierCache"]
 
 _STAGING_OBJECTS = 64  # default staging: at least this many objects of the larger kind
-# A load's first blocks are read as soon as their keys are found, so their copies start while the rest
-# are looked up; once admitted, the rest are read _LOAD_PIECE_BLOCKS at a time, and every _SCATTER_BLOCKS
-# read are written into the rows behind the device's wait for their copies. (A write costs ~0.3 ms of
-# host time, about the copy of 20 blocks on an H100: writing every piece would leave the copies waiting
-# for the host; admitting and writing only after every read left ~3.5 ms of host work after the last
-# copy of a 32K-token load.)
+# A load's first blocks are read as soon as their keys are found, so their copies start after a few
+# keys' host work; the rest are chained, looked up and read _LOAD_PIECE_BLOCKS at a time while the
+# earlier ones are copied (chaining a 32K-token prompt's keys first delayed the copies by ~0.9 ms of an
+# H100 host). After the admission every _SCATTER_BLOCKS blocks are written into the rows behind the
+# device's wait for their copies. (A write costs ~0.3 ms of host time, about the copy of 20 blocks on an
+# H100: writing every piece would leave the copies waiting for the host; admitting and writing only after
+# every copy landed left ~3.5 ms of host work after the last one of a 32K-token load.)
 _FIRST_LOAD_PIECE_BLOCKS, _LOAD_PIECE_BLOCKS, _SCATTER_BLOCKS = 4, 32, 64
 _TAIL_BATCH = 8  # tail objects looked up at once, from the load's furthest end down
 # A save goes in pieces of at most this many bytes of objects: the copy of one piece to host memory
 # runs while the next is gathered and sealed. A piece also costs fixed host time (about 1.4 ms on an H100
 # host: run lists, uploads, launches), so pieces too small leave the copy waiting for the host. (A
 # 32K-token V4-Pro prefix, 1.37 GB: two halves reached 65% of an H100's pinned copy, 64 MiB pieces 45%.)
-# The blocks are located in groups, the first _FIRST_SAVE_GROUP blocks and then each group twice the
-# last, so the first copy starts after a few blocks' host work, not after every block's.
+# The blocks are keyed, looked up and located in groups, the first _FIRST_SAVE_GROUP blocks and then
+# each group twice the last, so the first copy starts after a few blocks' host work, not after every
+# block's (keying a 32K-token prefix's 256 blocks first took ~4 ms of an H100 host before any copy).
 _FIRST_SAVE_GROUP = 8
 _SAVE_PIECE_BYTES = 192 << 20
 
@@ -166,7 +168,7 @@ class TierCache:
         the events say were published through to the tiers. ``events`` are
         ``mgr.take_events()`` (pass them on to a router as well)."""
         self.poll()
-        published = []
+        published, group = [], _FIRST_SAVE_GROUP
         for ev in events:
             if ev.kind != KvEventKind.STORED:
                 self.chain.forget(ev)
@@ -174,17 +176,19 @@ class TierCache:
                 key = self.chain.key_of(ev)
                 if key is not None:
                     published.append((key, ev))
+                if len(published) == group:  # keyed as far as the group: saved before the rest is keyed
+                    self._save_group(mgr, published)
+                    published, group = [], 2 * group
+        self._save_group(mgr, published)
+
+    def _save_group(self, mgr, published) -> None:
+        """Locate a group of published blocks (those not in every backend yet) and save it
+        in pieces of at most _SAVE_PIECE_BYTES of objects and half the staging (a step of
+        whole chunks publishes every block with its tail, which a smaller staging saves in part)."""
         everywhere = self._present([key_name(key) for key, _ in published], everywhere=True)
         blocks = [block for block, saved in zip(published, everywhere) if not saved]
-        start, group = 0, _FIRST_SAVE_GROUP
-        while start < len(blocks):
-            self._save_group(mgr, blocks[start: start + group])
-            start, group = start + group, 2 * group
-
-    def _save_group(self, mgr, blocks) -> None:
-        """Locate a group of published blocks and save it in pieces of at most _SAVE_PIECE_BYTES
-        of objects and half the staging (a step of whole chunks publishes every block with its
-        tail, which a smaller staging saves in part)."""
+        if not blocks:
+            return
         where, units, found, has_tail = self._locate(mgr, blocks)
         limit = min(self.staging.size // 2, self.save_buffer.size // 2, _SAVE_PIECE_BYTES)
         sizes = found * self._block_bytes + has_tail * self._tail_bytes
@@ -351,14 +355,12 @@ class TierCache:
         return (first, last) if last > first else None
 
     def _load(self, mgr, seq_id: int, tokens: torch.Tensor, salt: Salt, fetch: ObjectFetch, step) -> int:
-        """Find the blocks the backends hold, admit with the furthest end that has a tail
-        object, then read the blocks and write the rows as they are read; an end found
-        unsound (or a block not read whole) is given back, and the next one below the
-        sound blocks tried. Without any: a plain allocate."""
+        """Read the blocks the backends hold, admit with the furthest end that has a tail
+        object, and write the rows as the copies land; an end found unsound is given back,
+        and the next one below the sound blocks tried. Without any: a plain allocate."""
         bs, first = self.config.block_size, fetch.first
-        held = self._held_keys(fetch, tokens, salt)
-        top = first + len(held)  # no load ends past it
-        for end, key in self._tail_ends(held, first):
+        top = self._read_held(fetch, tokens, salt)  # no load ends past it
+        for end, key in self._tail_ends(fetch.keys, first):
             if end > top or not fetch.read_tail(key):
                 continue
             cached = mgr.allocate(seq_id, tokens, salt=salt, loaded_tokens=end * bs)
@@ -367,10 +369,9 @@ class TierCache:
             sound = cached // bs  # fewer loaded than asked (the row space's share): the load ends there or below
             if cached == end * bs:
                 try:
-                    sound, tail_sound = self._write_rows(mgr, seq_id, fetch, held, end, step), False
-                    if sound == end:
-                        sound, tail_sound = fetch.verify(end)
-                except BaseException:  # a backend that raised mid-load: the admission is undone, then the error
+                    self._write_rows(mgr, seq_id, fetch, end, step)
+                    sound, tail_sound = fetch.verify(end)
+                except BaseException:  # the admission is undone (once the rows' writes ran), then the error
                     self._give_back(mgr, seq_id, step)
                     raise
                 if sound == end and tail_sound:
@@ -389,29 +390,27 @@ class TierCache:
             step.synchronize()
         mgr.deallocate([seq_id])
 
-    def _held_keys(self, fetch: ObjectFetch, tokens: torch.Tensor, salt: Salt) -> List[bytes]:
-        """The keys of blocks [first, last) up to the first one no backend holds (looked up,
-        not read), or that was read and not whole. The first few are read at once, so the
-        copies start while the rest are chained and looked up."""
+    def _read_held(self, fetch: ObjectFetch, tokens: torch.Tensor, salt: Salt) -> int:
+        """Read blocks [first, last) as their keys are chained and found, up to the first one
+        no backend holds whole: the first few at once, so the copies start after a few keys'
+        host work, then _LOAD_PIECE_BLOCKS at a time while the earlier ones are copied. The
+        end of the blocks read (``fetch.keys`` holds their keys). All are read before the
+        admission: _span checked that the manager admits up to ``last`` now, and the rows'
+        writes then wait for nothing but copies already under way."""
         bs, first, last = self.config.block_size, fetch.first, fetch.last
         parent = root_key(self.layout.fingerprint, salt)
         if first:
             parent = chain_keys(parent, tokens, bs, first)[-1]  # the HBM hit's blocks: the chain's start
-        held: List[bytes] = []
-        head = min(_FIRST_LOAD_PIECE_BLOCKS, last - first)
-        for group, count in enumerate((head, last - first - head)):
-            if not count:
-                continue
-            keys = chain_keys(parent, tokens, bs, count, start=first + len(held))
+        count = min(_FIRST_LOAD_PIECE_BLOCKS, last - first)
+        while count:
+            start = first + len(fetch.keys)
+            keys = chain_keys(parent, tokens, bs, count, start=start)
             present = self._present([key_name(k) for k in keys])
             found = present.index(False) if False in present else len(keys)
-            held += keys[:found]
-            if group == 0 and fetch.blocks(held) < found:  # the first copies start now
-                return held[:len(fetch.keys)]  # a block not whole: no load goes past it
-            if found < len(keys):
-                break
-            parent = keys[-1]
-        return held
+            if (fetch.blocks(keys[:found]) if found else 0) < count:
+                break  # one not held, or read and not whole: no load goes past it
+            parent, count = keys[-1], min(_LOAD_PIECE_BLOCKS, last - start - count)
+        return first + len(fetch.keys)
 
     def _tail_ends(self, held: List[bytes], first: int):
         """(end, its tail object's key) of the block boundaries a load may end at, from the
@@ -425,12 +424,11 @@ class TierCache:
             yield from ((end, key) for end, key, have in zip(ends, keys, present) if have)
             high = ends[-1] - 1
 
-    def _write_rows(self, mgr, seq_id: int, fetch: ObjectFetch, held: List[bytes], end: int, step) -> int:
-        """Read blocks [first, end)'s objects and write them, with the tail, into the rows
-        the sequence was just given, on the step's stream, after the row copies its
-        admission made: each group of blocks read is written behind the device's wait
-        for its copies (no host wait), while the next group's copies run. The end of the
-        blocks read whole: ``end``, or the first block that was not."""
+    def _write_rows(self, mgr, seq_id: int, fetch: ObjectFetch, end: int, step) -> None:
+        """Write blocks [first, end)'s objects, with the tail, into the rows the sequence was
+        just given, on the step's stream, after the row copies its admission made: each
+        _SCATTER_BLOCKS blocks behind the device's wait for their copies (no host wait),
+        so the first are written while later ones are still copied."""
         first, planes, count = fetch.first, getattr(self.kv, "planes", ()), end - fetch.first
         with self._stream(step, after_current=False):
             mgr.stage([seq_id])  # takes the unit moves this admission made (row space) ...
@@ -440,23 +438,15 @@ class TierCache:
             tables = [mgr.logical_table(seq_id)] + [mgr.phys_table(seq_id, t) for t in range(self._tables)]
             where = torch.stack([t[first:end] for t in tables], dim=1)
             units = mgr.staged_swa_table(seq_id)[(end - 1) * self._ppb: end * self._ppb].view(1, -1)
-            offsets, done = fetch.offsets(end), 0
-            while done < count:
-                read = min(len(fetch.keys), count)
-                if read < count and read - done < _SCATTER_BLOCKS:
-                    wanted = min(count - read, _LOAD_PIECE_BLOCKS)
-                    with self._stream(self.load_stream, after_current=False):
-                        if fetch.blocks(held[read: read + wanted]) < wanted:
-                            return first + len(fetch.keys)  # a block not whole: the load ends before it
-                    continue
-                fetch.wait(step, read)
-                self.layout.scatter(BLOCK, where[done:read], fetch.source, offsets[done:read])
-                done = read
+            offsets = fetch.offsets(end)
+            for done in range(0, count, _SCATTER_BLOCKS):
+                upto = min(count, done + _SCATTER_BLOCKS)
+                fetch.wait(step, upto)
+                self.layout.scatter(BLOCK, where[done:upto], fetch.source, offsets[done:upto])
             fetch.wait(step, count, tail=True)
             self.layout.scatter(TAIL, units, fetch.source, offsets[-1:])
             if step is not None:
                 fetch.source.record_stream(step)  # read there after admit returns
-        return end
 
     def _took(self, fetch: ObjectFetch, end: int) -> None:
         """Count a load and its objects by the backend that had them, and copy those a

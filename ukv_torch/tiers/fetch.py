@@ -1,11 +1,11 @@
 """A load's objects on their way from the tiers to the KV's device (``TierCache.admit``).
 
-The block objects that continue an HBM hit are read piece by piece, each
-piece's host-to-device copies started as soon as it is read, and the first
-piece before the rest are looked up, so the copies start early and run
-while the host admits the sequence and reads on. Each read's copies record
-an event: the rows are written from a group of blocks behind the device's
-wait for that event, with no host wait, while later reads are still copied.
+The block objects that continue an HBM hit are read piece by piece as their
+keys are found, each piece's host-to-device copies started as soon as it is
+read, so the copies start early and run while the host reads on and admits
+the sequence. Each read's copies record an event: the rows are written from
+a group of blocks behind the device's wait for that event, with no host
+wait, while later reads are still copied.
 """
 from __future__ import annotations
 
