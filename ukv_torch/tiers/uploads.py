@@ -50,7 +50,7 @@ class Uploads:
         out = torch.empty(t.shape, dtype=t.dtype, device=self.device)
         out.view(-1).view(torch.uint8).copy_(staged, non_blocking=True)
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))  # the stream the copy went on
         self._ring.used(start, event)
         self._events = [e for e in self._events if not e.query()] + [event]
         return out
