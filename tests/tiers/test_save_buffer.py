@@ -68,6 +68,7 @@ def test_a_random_run_matches_the_model():
         buffer.copying(start, event)
         held.append((start, end, event))
         position = end
+        assert buffer._ring.pending() == [e for _, _, e in held if not e.done]  # what a grown buffer waits for
     assert buffer.waits == waits > 0
 
 

@@ -127,16 +127,15 @@ class TierCache:
                                  f"tier object ({largest} bytes for this model)")
         config = plan.config
         block, tail = aligned(layout.object_bytes(BLOCK)), aligned(layout.object_bytes(TAIL))
+        step_saves = -(-config.max_num_batched_tokens // config.block_size) * (block + tail)  # a step's objects
         if staging_bytes is None:
-            step_blocks = -(-config.max_num_batched_tokens // config.block_size)
             staging_bytes = max(_STAGING_OBJECTS * aligned(largest),
-                                step_blocks * (block + tail) + config.max_blocks_per_seq * block + tail)
+                                step_saves + config.max_blocks_per_seq * block + tail)
         if staging_bytes < 2 * aligned(largest):
             raise ValueError(f"TierCache: staging_bytes must hold a block and a tail object ({2 * aligned(largest)} "
                              f"bytes), got {staging_bytes}")
         if save_buffer_bytes is None:
-            step_blocks = -(-config.max_num_batched_tokens // config.block_size)
-            save_buffer_bytes = max(2 * (block + tail), min(2 * _SAVE_PIECE_BYTES, 2 * step_blocks * (block + tail)))
+            save_buffer_bytes = max(2 * (block + tail), min(2 * _SAVE_PIECE_BYTES, 2 * step_saves))
         if isinstance(save_buffer_bytes, bool) or not isinstance(save_buffer_bytes, int) or \
                 save_buffer_bytes < 2 * (block + tail):
             raise ValueError(f"TierCache: save_buffer_bytes must be an int that holds a block and its tail object "

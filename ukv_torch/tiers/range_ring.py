@@ -43,6 +43,10 @@ class RangeRing:
         self._held, self._position = kept, end
         return start, pending
 
+    def pending(self) -> list:
+        """The events not yet complete of the uses of the ranges held now."""
+        return [held[2] for held in self._held if held[2] is not None and not held[2].query()]
+
     def used(self, start: int, event) -> None:
         """The use of the range taken at ``start`` ends with ``event`` (None: it has ended)."""
         for held in self._held:

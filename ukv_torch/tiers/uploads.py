@@ -33,7 +33,6 @@ class Uploads:
         self.device, self.size = device, size
         self.buffer: Optional[torch.Tensor] = None  # allocated at the first upload
         self._ring = RangeRing(size)
-        self._events = []  # the copies from the current buffer, to wait for before it is replaced
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` (a contiguous CPU tensor) on the device, copied on the current stream."""
@@ -52,10 +51,9 @@ class Uploads:
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.device))  # the stream the copy went on
         self._ring.used(start, event)
-        self._events = [e for e in self._events if not e.query()] + [event]
         return out
 
     def _grow(self, size: int) -> None:
-        for event in self._events:
+        for event in self._ring.pending():  # the copies still to read the current buffer
             event.synchronize()
-        self.size, self.buffer, self._ring, self._events = size, None, RangeRing(size), []
+        self.size, self.buffer, self._ring = size, None, RangeRing(size)
