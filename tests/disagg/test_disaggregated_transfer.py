@@ -748,6 +748,18 @@ def test_a_receiver_timeout_it_cannot_take_is_named(endpoints, timeout_s):
     assert endpoints[1].memory == []
 
 
+@pytest.mark.parametrize("side", ["sender", "receiver"])
+def test_kv_tensors_not_the_plans_are_refused_at_construction_by_name(endpoints, side):
+    """The tensors are checked once, when a side is made (its handshakes then use
+    them unchecked): another budget's tensors of the same layout are refused there."""
+    from ukv_torch.disagg import KvReceiver, KvSender
+    p, other = pool("row_space", seed=1), pool("row_space", budget=3 << 20, seed=2)
+    cls = KvSender if side == "sender" else KvReceiver
+    with pytest.raises(ValueError, match=r"^kv\.planes\[0\] must be the plan's .* another model or plan"):
+        cls(p.mgr, p.plan, other.kv, endpoints[0])
+    assert endpoints[0].memory == []  # nothing registered
+
+
 @pytest.mark.parametrize("receiver, receiver_seq_id, match", [
     ("127.0.0.1:5000", None, "KvSender.send: receiver must be a \\(host, port\\) pair"),
     (("127.0.0.1", "5000"), None, "receiver must be"), (("127.0.0.1", 0), None, "receiver must be"),

@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from ..plan.records import KvPlan
-from ..plan.unified_kv import UnifiedKv
+from ..manager.kv_manager import KvManager
+from ..plan.unified_kv import UnifiedKv, check_plan_tensors
 from ..tiers.staging import host_bytes
-from ..transfer import SequenceExport, _layer_runs, _layers
+from ..transfer import SequenceExport, SequenceRows, _layer_runs, _layers
 
 #: a run list: int64 [n, 3] of (buffer offset, address, bytes), sorted by offset
 Runs = np.ndarray
@@ -41,9 +42,12 @@ PIECE_BYTES = 16 << 20
 class KvRegions:
     """One side's KV tensors (``kv`` of ``plan``) as the transfer addresses
     them: per layer, the tensors in the buffer's order (KV, RoPE, CSA
-    indexer), each with its base address, row bytes and row pitch."""
+    indexer), each with its base address, row bytes and row pitch. The
+    tensors are checked to be the plan's once, here; a handshake then derives
+    its layers and rows from them without checking them again."""
 
     def __init__(self, plan: KvPlan, kv: UnifiedKv):
+        check_plan_tensors(plan, kv)
         self.plan, self.kv = plan, kv
         self._layer_sources = [layer.sources for layer in _layers(plan, kv, 0, 0)]
         for layer, sources in enumerate(self._layer_sources):
@@ -83,6 +87,10 @@ class KvRegions:
         """Where each layer of the sequence's buffer starts, and its end: int64 [layers + 1]."""
         layers = _layers(self.plan, self.kv, export.num_computed, export.swa_begin)
         return np.cumsum([0] + [layer.nbytes for layer in layers], dtype=np.int64)
+
+    def sequence_rows(self, export: SequenceExport, manager: KvManager, skip_below: int = 0) -> SequenceRows:
+        """The sequence's rows here for gathering or scattering pieces (SequenceRows)."""
+        return SequenceRows.of_checked_tensors(self.plan, self.kv, export, manager=manager, skip_below=skip_below)
 
     def runs(self, export: SequenceExport, skip_below: int = 0) -> Runs:
         """The sequence's rows in this process: (buffer offset, address, bytes),

@@ -43,7 +43,7 @@ from .. import ops
 from ..manager.kv_manager import KvManager
 from ..plan.records import KvPlan, ServeConfig
 from ..plan.unified_kv import UnifiedKv
-from ..transfer import SequenceExport, SequenceRows
+from ..transfer import SequenceExport
 from .channel import Channel, ChannelClosed, check_timeout
 from .endpoint import TransferEndpoint
 from .kv_regions import PIECE_BYTES, KvRegions, Staging, pieces, registered, short, staged
@@ -277,8 +277,7 @@ class _Arriving:
         """Once the accept is sent (the sender checks it and pings meanwhile): the rows the
         staged pieces are scattered into, checked."""
         if self.staged:
-            self.rows = SequenceRows(receiver.plan, receiver.kv, self.mine, manager=receiver.mgr,
-                                     skip_below=self.cached)
+            self.rows = receiver.regions.sequence_rows(self.mine, receiver.mgr, self.cached)
 
     def scatter(self, k: int) -> None:
         """Piece k's bytes from the staging buffer into the rows."""

@@ -156,7 +156,7 @@ class KvSender:
         once the receiver answered (a refusal comes quickly)."""
         if not self._staging.holds(int(np.diff(bounds).max())):
             return None
-        rows = SequenceRows(self.plan, self.kv, export, manager=self.mgr)
+        rows = self.regions.sequence_rows(export, self.mgr)
         if channel.ready(0):
             return _Prepared(rows, False)
         rows.gather(self._staging.at(0, int(bounds[1])), 0, 1)
@@ -222,7 +222,7 @@ class _Pipeline:
         if self.staging.holds(int(sizes.max())):  # every piece through the buffer: gathered, written from there
             self.places, self.room = self.staging.place(sizes)  # here: these pieces must have landed first
             self.rows = prepared.rows if prepared is not None and cached == 0 else \
-                SequenceRows(sender.plan, sender.kv, export, manager=sender.mgr, skip_below=cached)
+                sender.regions.sequence_rows(export, sender.mgr, cached)
             # a first layer gathered whole serves any cached prefix: only the bytes beyond it are written
             if prepared is not None and prepared.first_layer and self.layers[1] == 1 and self.places[0] == 0:
                 self.gathered = 1
