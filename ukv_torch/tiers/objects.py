@@ -32,7 +32,7 @@ repeats.
 from __future__ import annotations
 
 import struct
-from typing import List, NamedTuple, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -214,9 +214,8 @@ class ObjectLayout:
         ratios = list(firsts)
         runs = [self._block_runs(firsts[r], where, base) if kind == BLOCK else
                 self._tail_runs(firsts[r], tail_args, base) for r in ratios]
-        counts = [len(r) for r in runs]
-        all_runs = self._upload(torch.from_numpy(np.concatenate(runs)))
-        all_counts = self._upload(torch.tensor(counts, dtype=torch.int32))
+        counts = np.array([len(r) for r in runs], dtype=np.int32)
+        all_runs, all_counts = self._upload_runs(runs, counts)
         starts = np.concatenate([[0], np.cumsum(counts)])
         per_ratio = {r: (all_runs[starts[i]: starts[i + 1]], all_counts[i: i + 1]) for i, r in enumerate(ratios)}
         for call in self._calls[kind]:
@@ -226,10 +225,16 @@ class ObjectLayout:
     def _sources(layer: _Layer) -> List[torch.Tensor]:
         return layer.planes + ([layer.indexer] if layer.indexer is not None else [])
 
-    def _upload(self, t: torch.Tensor) -> torch.Tensor:
-        """A host tensor on the KV's device, through page-locked memory (uploads.py): a copy
-        from pageable memory would wait for the stream's earlier work (every gather before it)."""
-        return self._uploads(t) if self._uploads is not None else t
+    def _upload_runs(self, runs: List[np.ndarray], counts: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The ratios' [n, 4] int64 runs, one after the other, and their int32 counts, on the
+        KV's device in one upload through page-locked memory (uploads.py): a copy from
+        pageable memory would wait for the stream's earlier work (every gather before it),
+        and each upload costs host time (a ring range, a copy, an event) whatever its size."""
+        rows = int(counts.sum())
+        packed = np.concatenate([r.reshape(-1) for r in runs]
+                                + [np.concatenate([counts, np.zeros(len(counts) % 2, np.int32)]).view(np.int64)])
+        on_device = self._uploads(torch.from_numpy(packed)) if self._uploads is not None else torch.from_numpy(packed)
+        return on_device[:4 * rows].view(rows, 4), on_device[4 * rows:].view(torch.int32)[:len(counts)]
 
     def _block_runs(self, layer: _Layer, where: np.ndarray, base: np.ndarray) -> np.ndarray:
         """Runs (tensor, first row, rows, offset) of a compress layer's rows in block objects."""
