@@ -4,6 +4,7 @@ directly), restoring across layouts and page sizes, fail-closed faults
 found unsound after its admission given back, saves refused while row copies
 are pending, and tails at every block boundary of a prompt prefilled under
 memory pressure (whole chunks), saved before the next step reuses their rows."""
+import gc
 from types import SimpleNamespace
 
 import pytest
@@ -432,6 +433,7 @@ def saved_through_a_two_piece_save_buffer(device, delay_copies=False):
     a.step_rows([0])
     a.mgr.commit_prefill([0], [len(p)], [7])
     if delay_copies:
+        gc.collect()  # page-locked buffers of earlier engines, unregistered mid-save, would wait for the sleep
         with torch.cuda.stream(a.tiers.side):
             torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU clock: the copies start after every gather was asked for
     a.tiers.save(a.mgr, a.mgr.take_events())

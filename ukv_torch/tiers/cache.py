@@ -98,7 +98,7 @@ class TierCache:
     those backends.
 
     ``save_buffer_bytes``: the device memory the saves gather their objects
-    into (save_buffer.py), allocated at the first save; each save piece takes
+    into (save_buffer.py), allocated here; each save piece takes
     at most half of it. Default: room for two pieces of a step's saves (the
     blocks of max_num_batched_tokens and their tails), at most 2 x 192 MiB.
     Saves that outrun the copies to host memory wait on the device for them

@@ -5,8 +5,8 @@ stream copies it to host memory. Where each piece took a buffer of its own,
 the saves in flight held as much device memory as the blocks published since
 the copies last caught up (a whole 32K-token V4-Pro prefix saved at once:
 1.4 GB, outside the plan's budget) and paid the caching allocator for every
-piece. Here they share one buffer of a fixed size, allocated at the first save
-and taken in turn (range_ring.py): a range is reused once the copy of the
+piece. Here they share one buffer of a fixed size, allocated with the
+TierCache (an allocation in a step may wait for the device) and taken in turn (range_ring.py): a range is reused once the copy of the
 piece it held has completed, which the step's stream waits for on the device
 (never the host). Saves that outrun the copies therefore slow the step's
 stream by the copies' time instead of taking more memory; `waits` counts the
@@ -28,7 +28,7 @@ class SaveBuffer:
 
     def __init__(self, size: int, device: Optional[torch.device]):
         self.size, self.device = size, device
-        self.buffer: Optional[torch.Tensor] = None  # allocated at the first take
+        self.buffer = torch.empty(size, dtype=torch.uint8, device=device or "cpu")
         self.waits = 0  # pieces whose range's previous piece was still being copied
         self._ring = RangeRing(size)
 
@@ -37,8 +37,6 @@ class SaveBuffer:
         (the one the piece is gathered on; None on the CPU) made to wait for the copies
         of the pieces that held any of its bytes."""
         start, pending = self._ring.take(nbytes)
-        if self.buffer is None:
-            self.buffer = torch.empty(self.size, dtype=torch.uint8, device=self.device or "cpu")
         if stream is not None:
             for event in pending:
                 stream.wait_event(event)

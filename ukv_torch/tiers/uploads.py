@@ -9,10 +9,10 @@ pointer query, then a block of torch's caching host allocator): ~5 ms of a
 written into one page-locked buffer, registered once (staging.host_bytes),
 whose ranges are taken in turn (range_ring.py) and reused once the copy
 that read them has completed (a host wait only if the ring comes round to a
-copy still queued: a buffer of many uploads' bytes)."""
+copy still queued: a buffer of many uploads' bytes). The buffer is
+registered when the ring is made: registering (and unregistering) host
+memory may synchronize the device, which a step must never meet."""
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 
@@ -31,7 +31,7 @@ class Uploads:
 
     def __init__(self, device: torch.device, size: int = _INITIAL_BYTES):
         self.device, self.size = device, size
-        self.buffer: Optional[torch.Tensor] = None  # allocated at the first upload
+        self.buffer = host_bytes(size, pinned=True)
         self._ring = RangeRing(size)
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
@@ -39,8 +39,6 @@ class Uploads:
         nbytes = t.numel() * t.element_size()
         if 2 * aligned(nbytes) > self.size:
             self._grow(2 * aligned(nbytes))
-        if self.buffer is None:
-            self.buffer = host_bytes(self.size, pinned=True)
         start, pending = self._ring.take(max(ALIGN, aligned(nbytes)))
         for event in pending:  # the ring came round to a copy not yet run
             event.synchronize()
@@ -56,4 +54,4 @@ class Uploads:
     def _grow(self, size: int) -> None:
         for event in self._ring.pending():  # the copies still to read the current buffer
             event.synchronize()
-        self.size, self.buffer, self._ring = size, None, RangeRing(size)
+        self.size, self.buffer, self._ring = size, host_bytes(size, pinned=True), RangeRing(size)
