@@ -2,7 +2,7 @@
 pinned host memory, against a pinned copy of the same bytes in the same run;
 the host time per block; and a decode step's time with saves in flight.
 
-    python benchmarks/bench_tiers.py [--device cuda|cpu] [--prefixes 32768,131072] [--json]
+    python benchmarks/bench_tiers.py [--device cuda|cpu] [--prefixes 32768,131072] [--repeats 5] [--json]
 
 The model is DeepSeek-V4-Pro (62 layers, fp8 latent rows, bf16 RoPE, the CSA
 indexer), the layout the row space with 32-token pages. A prefix is prefilled
@@ -16,9 +16,11 @@ find, copy to the GPU, write the rows as the copies land, verify there; then
 the first chunk staged, as an engine's step does), the prompt given as the
 int64 tensor the manager takes ("load_gbps_list_prompt": given as a list of
 ints, whose conversion any admission pays, with a tier or without). Bytes are the objects' (headers
-included). Each is timed after an unmeasured one of the same (a process's first
-save and load also take their device and pinned buffers from the driver). The
-reference copies the same number of bytes between one pinned host buffer and
+included). Each figure is the median of --repeats timed runs after an unmeasured one of the same (a
+process's first save and load also take their device and pinned buffers from the driver), each run
+with the garbage collector collected before and held off during it (freeing an earlier run's
+page-locked buffers unregisters them, which waits for the device: an engine's steady state makes
+and frees no TierCache). The reference copies the same number of bytes between one pinned host buffer and
 the GPU. The decode step is a stand-in of fixed GPU work
 (bf16 matmuls), timed with CUDA events over --steps steps, alone and while
 the saves of a whole prefix are in flight on the side stream.
@@ -26,7 +28,10 @@ the saves of a whole prefix are in flight on the side stream.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
+import statistics
 import time
 
 import torch
@@ -77,39 +82,58 @@ def prefill(mgr, kv, tiers, seq_id, tokens, timings):
     return events
 
 
-def pinned_copy_gbps(nbytes: int, device, to_device: bool) -> float:
+@contextlib.contextmanager
+def quiet():
+    """A timed run with no garbage collection in it (see the module docstring)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def pinned_copy_gbps(nbytes: int, device, to_device: bool, repeats: int) -> float:
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
     dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
     src, dst = (host, dev) if to_device else (dev, host)
     dst.copy_(src, non_blocking=True)  # warm-up
-    sync(device)
-    t0 = time.perf_counter()
-    dst.copy_(src, non_blocking=True)
-    sync(device)
-    return nbytes / (time.perf_counter() - t0) / 1e9
+    seconds = []
+    for _ in range(repeats):
+        with quiet():
+            sync(device)
+            t0 = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            sync(device)
+            seconds.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(seconds) / 1e9
 
 
-def time_load(plan, kv, backends, staging: int, prompt, device):
+def time_load(plan, kv, backends, staging: int, prompt, device, repeats: int):
     """A fresh manager's admission of ``prompt`` through the tiers until its rows are written, and
-    its first chunk staged: (seconds, host seconds, cached tokens, bytes loaded). Once
-    unmeasured first, as the save; one TierCache for both, as an engine has one (its streams'
-    device memory is then cached, as in an engine's steady state)."""
+    its first chunk staged: (seconds, host seconds, cached tokens, bytes loaded), the medians of
+    ``repeats`` runs after an unmeasured one; one TierCache for all, as an engine has one (its
+    streams' device memory is then cached, as in an engine's steady state)."""
     loader = TierCache(plan, kv, backends, staging_bytes=staging)
-    for warm in (True, False):
+    load_s, host_s = [], []
+    for run in range(1 + repeats):
         mgr = KvManager(plan, device=device if device.type == "cuda" else None)
         before = loader.stats()["loaded_bytes"]
-        sync(device)
-        t0 = time.perf_counter()
-        cached = loader.admit(mgr, 1, prompt)  # find, copy, write the rows, verify (waits for the copy)
-        mgr.ensure_for_tokens([1], [min(CHUNK, len(prompt) - cached)])  # the first chunk, staged
-        mgr.stage([1])
-        if kv.planes:
-            apply_row_copies(list(kv.planes), mgr.row_copies, mgr.row_copy_counts)
-        host_s = time.perf_counter() - t0
-        sync(device)
-        load_s = time.perf_counter() - t0
+        with quiet():
+            sync(device)
+            t0 = time.perf_counter()
+            cached = loader.admit(mgr, 1, prompt)  # find, copy, write the rows, verify (waits for the copy)
+            mgr.ensure_for_tokens([1], [min(CHUNK, len(prompt) - cached)])  # the first chunk, staged
+            mgr.stage([1])
+            if kv.planes:
+                apply_row_copies(list(kv.planes), mgr.row_copies, mgr.row_copy_counts)
+            host = time.perf_counter() - t0
+            sync(device)
+            if run:
+                load_s.append(time.perf_counter() - t0)
+                host_s.append(host)
         mgr.deallocate([1])
-    return load_s, host_s, cached, loader.stats()["loaded_bytes"] - before
+    return statistics.median(load_s), statistics.median(host_s), cached, loader.stats()["loaded_bytes"] - before
 
 
 def decode_steps_ms(device, steps: int) -> float:
@@ -133,7 +157,7 @@ def decode_steps_ms(device, steps: int) -> float:
     return start.elapsed_time(end) / steps
 
 
-def run_prefix(prefix: int, device, steps: int) -> dict:
+def run_prefix(prefix: int, device, steps: int, repeats: int) -> dict:
     plan, kv = setup(prefix, device)
     tokens = torch.randint(0, 100000, (prefix + 1,), generator=torch.Generator().manual_seed(prefix)).tolist()
     sizes = ObjectLayout(plan)
@@ -148,20 +172,25 @@ def run_prefix(prefix: int, device, steps: int) -> dict:
     # engine's steady state is: the first save of a process also pays for the device and pinned memory
     # its buffers take from the driver (on an H100 host about half the save's time).
     mgr.stage([0])
-    for warm in (True, False):
+    save_s = []
+    for run in range(1 + repeats):
         again = TierCache(plan, kv, [HostTier(tier_bytes)], staging_bytes=staging)
-        sync(device)
-        t0 = time.perf_counter()
-        again.save(mgr, events)
-        again.flush()
-        sync(device)
-        save_s = time.perf_counter() - t0
+        with quiet():
+            sync(device)
+            t0 = time.perf_counter()
+            again.save(mgr, events)
+            again.flush()
+            sync(device)
+            if run:
+                save_s.append(time.perf_counter() - t0)
         saved = again.stats()
         del again
+    save_s = statistics.median(save_s)
     # Load: a fresh manager over the same tier (and the same tensors: the rows are written again), the prompt
     # as the int64 tensor the manager takes, and as a list (whose conversion any admission pays, tier or not).
-    load_s, load_host_s, cached, load_bytes = time_load(plan, kv, saver.backends, staging, token_tensor(tokens), device)
-    load_list_s = time_load(plan, kv, saver.backends, staging, tokens, device)[0]
+    load_s, load_host_s, cached, load_bytes = time_load(plan, kv, saver.backends, staging, token_tensor(tokens), device,
+                                                        repeats)
+    load_list_s = time_load(plan, kv, saver.backends, staging, tokens, device, repeats)[0]
     # Decode steps alone, then with the whole prefix's saves in flight (into an empty tier).
     alone = decode_steps_ms(device, steps)
     busy_tier = TierCache(plan, kv, [HostTier(tier_bytes)], staging_bytes=int(saved["saved_bytes"] * 1.2) + (64 << 20))
@@ -171,12 +200,12 @@ def run_prefix(prefix: int, device, steps: int) -> dict:
     save_bytes = saved["saved_bytes"]
     blocks = prefix // BS
     return {
-        "prefix_tokens": prefix, "objects_saved": saved["saved_objects"], "saved_bytes": save_bytes,
+        "prefix_tokens": prefix, "repeats": repeats, "objects_saved": saved["saved_objects"], "saved_bytes": save_bytes,
         "save_gbps": round(save_bytes / save_s / 1e9, 3),
-        "pinned_d2h_gbps": round(pinned_copy_gbps(save_bytes, device, False), 3),
+        "pinned_d2h_gbps": round(pinned_copy_gbps(save_bytes, device, False, repeats), 3),
         "loaded_tokens": cached, "loaded_bytes": load_bytes, "load_gbps": round(load_bytes / load_s / 1e9, 3),
         "load_gbps_list_prompt": round(load_bytes / load_list_s / 1e9, 3),
-        "pinned_h2d_gbps": round(pinned_copy_gbps(load_bytes, device, True), 3),
+        "pinned_h2d_gbps": round(pinned_copy_gbps(load_bytes, device, True, repeats), 3),
         "host_us_per_block_saved": round(timings["save_host_s"] / blocks * 1e6, 1),
         "host_us_per_block_loaded": round(load_host_s / max(1, cached // BS) * 1e6, 1),
         "decode_step_ms": round(alone, 4), "decode_step_ms_saves_in_flight": round(in_flight, 4),
@@ -189,10 +218,11 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--prefixes", default="32768,131072", help="prefix lengths in tokens, comma-separated")
     ap.add_argument("--steps", type=int, default=50, help="decode steps timed per case")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs per figure (their median)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     device = torch.device(args.device)
-    rows = [run_prefix(int(p), device, args.steps) for p in args.prefixes.split(",")]
+    rows = [run_prefix(int(p), device, args.steps, args.repeats) for p in args.prefixes.split(",")]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     if args.json:
         print(json.dumps({"device": name, "rows": rows}))
