@@ -60,13 +60,14 @@ _STAGING_OBJECTS = 64  # default staging: at least this many objects of the larg
 _FIRST_LOAD_PIECE_BLOCKS, _LOAD_PIECE_BLOCKS = 4, 32
 _TAIL_BATCH = 8  # tail objects looked up at once, from the load's furthest end down
 # A save goes in pieces of at most this many bytes of objects: the copy of one piece to host memory
-# runs while the next is gathered and sealed. A piece also costs fixed host time (about 1.4 ms on an H100
-# host: run lists, uploads, launches), so pieces too small leave the copy waiting for the host. (A
-# 32K-token V4-Pro prefix, 1.37 GB: two halves reached 65% of an H100's pinned copy, 64 MiB pieces 45%.)
-# The blocks are keyed, looked up and located in groups, the first _FIRST_SAVE_GROUP blocks and then
-# each group twice the last, so the first copy starts after a few blocks' host work, not after every
-# block's (keying a 32K-token prefix's 256 blocks first took ~4 ms of an H100 host before any copy).
-_FIRST_SAVE_GROUP = 8
+# runs while the next is keyed, located, gathered and sealed. A piece costs ~2 ms of host time nearly
+# whatever its size (keys, lookups, locating, run lists, uploads, launches; H200 trace), so pieces too
+# small leave the copy waiting for the host. (A 32K-token V4-Pro prefix, 1.37 GB: two halves reached 65%
+# of an H100's pinned copy, 64 MiB pieces 45%.) The blocks are keyed and located a piece at a time, as
+# many as fill one at most, so the first copy starts after one piece's host work, not after every
+# block's (keying a 32K-token prefix's 256 blocks first took ~4 ms of an H100 host before any copy);
+# groups of 8, 16, 32, ... blocks kept the copy idle for ~6 ms of a 32K-token save while the small
+# first groups paid that fixed cost each.
 _SAVE_PIECE_BYTES = 192 << 20
 
 
@@ -146,6 +147,10 @@ class TierCache:
         self.cuda = self.device is not None and self.device.type == "cuda"
         self.staging = Staging(staging_bytes, pinned=self.cuda)
         self.save_buffer = SaveBuffer(save_buffer_bytes, self.device)
+        # The blocks of a save piece: as many as fill one with their tails, at most half the staging (a step
+        # of whole chunks publishes every block with its tail, which a smaller staging saves in part).
+        piece_bytes = min(self.staging.size // 2, save_buffer_bytes // 2, _SAVE_PIECE_BYTES)
+        self._piece_blocks = max(1, piece_bytes // (block + tail))
         for b in backends:
             b.register_buffer(self.staging.buffer)
         # Saves and loads on streams of their own: a load waits for its copies only, not for saves.
@@ -167,7 +172,7 @@ class TierCache:
         the events say were published through to the tiers. ``events`` are
         ``mgr.take_events()`` (pass them on to a router as well)."""
         self.poll()
-        published, group = [], _FIRST_SAVE_GROUP
+        published = []
         for ev in events:
             if ev.kind != KvEventKind.STORED:
                 self.chain.forget(ev)
@@ -175,30 +180,10 @@ class TierCache:
                 key = self.chain.key_of(ev)
                 if key is not None:
                     published.append((key, ev))
-                if len(published) == group:  # keyed as far as the group: saved before the rest is keyed
-                    self._save_group(mgr, published)
-                    published, group = [], 2 * group
-        self._save_group(mgr, published)
-
-    def _save_group(self, mgr, published) -> None:
-        """Locate a group of published blocks (those not in every backend yet) and save it
-        in pieces of at most _SAVE_PIECE_BYTES of objects and half the staging (a step of
-        whole chunks publishes every block with its tail, which a smaller staging saves in part)."""
-        everywhere = self._present([key_name(key) for key, _ in published], everywhere=True)
-        blocks = [block for block, saved in zip(published, everywhere) if not saved]
-        if not blocks:
-            return
-        where, units, found, has_tail = self._locate(mgr, blocks)
-        limit = min(self.staging.size // 2, self.save_buffer.size // 2, _SAVE_PIECE_BYTES)
-        sizes = found * self._block_bytes + has_tail * self._tail_bytes
-        start, size = 0, 0
-        for i in range(len(blocks)):
-            size += int(sizes[i])
-            if i + 1 == len(blocks) or size + int(sizes[i + 1]) > limit:
-                piece = slice(start, i + 1)
-                self._save_piece([key for key, _ in blocks[piece]], where[piece], units[piece], found[piece],
-                                 has_tail[piece])
-                start, size = i + 1, 0
+                if len(published) == self._piece_blocks:  # a piece's worth keyed: saved before the rest is
+                    self._save_piece(mgr, published)
+                    published = []
+        self._save_piece(mgr, published)
 
     def _locate(self, mgr, blocks):
         """Where the published blocks' rows are now: (locate_blocks' rows, their SWA units
@@ -214,8 +199,15 @@ class TierCache:
         has_tail = found & (units.numpy()[:, self._first_tail_page:] >= 0).all(axis=1)
         return where, units, found, has_tail
 
-    def _save_piece(self, keys: List[bytes], where: torch.Tensor, units: torch.Tensor, found: np.ndarray,
-                    has_tail: np.ndarray) -> None:
+    def _save_piece(self, mgr, published) -> None:
+        """Locate a piece's published blocks (those not in every backend yet) and save them."""
+        everywhere = self._present([key_name(key) for key, _ in published], everywhere=True)
+        blocks = [block for block, saved in zip(published, everywhere) if not saved]
+        if blocks:
+            self._save_objects([key for key, _ in blocks], *self._locate(mgr, blocks))
+
+    def _save_objects(self, keys: List[bytes], where: torch.Tensor, units: torch.Tensor, found: np.ndarray,
+                      has_tail: np.ndarray) -> None:
         """Gather, seal and start copying one piece's objects to the backends."""
         n_blocks = int(found.sum())
         kinds = [BLOCK] * n_blocks + [TAIL] * int(has_tail.sum())
