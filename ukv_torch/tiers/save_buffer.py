@@ -6,9 +6,10 @@ the saves in flight held as much device memory as the blocks published since
 the copies last caught up (a whole 32K-token V4-Pro prefix saved at once:
 1.4 GB, outside the plan's budget) and paid the caching allocator for every
 piece. Here they share one buffer of a fixed size, allocated with the
-TierCache (an allocation in a step may wait for the device) and taken in turn (range_ring.py): a range is reused once the copy of the
-piece it held has completed, which the step's stream waits for on the device
-(never the host). Saves that outrun the copies therefore slow the step's
+TierCache (an allocation in a step may wait for the device) and taken in
+turn (range_ring.py): a range is reused once the copy of the piece it held
+has completed, which the step's stream waits for on the device (never the
+host). Saves that outrun the copies therefore slow the step's
 stream by the copies' time instead of taking more memory; `waits` counts the
 pieces that waited.
 """
