@@ -448,6 +448,31 @@ def saved_through_a_two_piece_save_buffer(device, delay_copies=False):
     return a.tiers.stats()
 
 
+def test_a_save_keys_its_blocks_a_piece_at_a_time(monkeypatch):
+    """A 10-block prompt saved in pieces of 3 blocks with their tails (a save buffer of 6):
+    each piece is gathered once its own blocks are keyed, before any later block is (the
+    first copy waits for one piece's host work, not every block's), and every block and
+    tail is saved once."""
+    tier, p = host(), prompt(4, 10 * BS + 1)
+    a = TierEngine("row_space", [tier], max_num_batched_tokens=2048)
+    layout = a.tiers.layout
+    pair = aligned(layout.object_bytes(BLOCK)) + aligned(layout.object_bytes(TAIL))
+    a.tiers = TierCache(a.plan, a.kv, [tier], save_buffer_bytes=6 * pair)
+    assert a.tiers.admit(a.mgr, 0, p) == 0
+    a.mgr.ensure_for_tokens([0], [len(p)])
+    a.step_rows([0])
+    a.mgr.commit_prefill([0], [len(p)], [7])
+    keyed, pieces = [], []
+    key_of, save_objects = a.tiers.chain.key_of, a.tiers._save_objects
+    monkeypatch.setattr(a.tiers.chain, "key_of", lambda ev: keyed.append(ev) or key_of(ev))
+    monkeypatch.setattr(a.tiers, "_save_objects",
+                        lambda keys, *rest: pieces.append((len(keys), len(keyed))) or save_objects(keys, *rest))
+    a.tiers.save(a.mgr, a.mgr.take_events())
+    a.tiers.flush()
+    assert pieces == [(3, 3), (3, 6), (3, 9), (1, 10)]  # (blocks in the piece, blocks keyed when it was saved)
+    assert a.tiers.stats()["saved_objects"] == 20
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_saves_through_a_save_buffer_of_two_pieces_restore_every_row(device):
     stats = saved_through_a_two_piece_save_buffer(device)
