@@ -416,6 +416,21 @@ def test_a_load_ends_where_the_row_space_copy_list_has_room_and_its_rows_are_rig
         assert b.block_bytes(3, block) == a.block_bytes(0, block), block
 
 
+def computed_for_a_save_buffer_of(pairs, tier, p, device):
+    """A row-space engine whose TierCache saves into ``tier`` through a save buffer of ``pairs``
+    block-and-tail objects (pieces of half of them), with prompt ``p`` computed in one chunk and
+    its blocks published, not yet saved."""
+    a = TierEngine("row_space", [tier], device=device, max_num_batched_tokens=2048)
+    layout = a.tiers.layout
+    pair = aligned(layout.object_bytes(BLOCK)) + aligned(layout.object_bytes(TAIL))
+    a.tiers = TierCache(a.plan, a.kv, [tier], save_buffer_bytes=pairs * pair)
+    assert a.tiers.admit(a.mgr, 0, p) == 0
+    a.mgr.ensure_for_tokens([0], [len(p)])
+    a.step_rows([0])
+    a.mgr.commit_prefill([0], [len(p)], [7])
+    return a
+
+
 def saved_through_a_two_piece_save_buffer(device, delay_copies=False):
     """A 10-block prompt computed in one chunk and saved through a save buffer of two
     pieces of one block and its tail (every piece after the second reuses a range),
@@ -423,14 +438,7 @@ def saved_through_a_two_piece_save_buffer(device, delay_copies=False):
     (then every piece after the second finds its range's copy still to run): the
     loaded rows must be the ones saved. Returns the saver's stats."""
     tier, p = host(), prompt(3, 10 * BS + 1)
-    a = TierEngine("row_space", [tier], device=device, max_num_batched_tokens=2048)
-    layout = a.tiers.layout
-    pair = aligned(layout.object_bytes(BLOCK)) + aligned(layout.object_bytes(TAIL))
-    a.tiers = TierCache(a.plan, a.kv, [tier], save_buffer_bytes=2 * pair)
-    assert a.tiers.admit(a.mgr, 0, p) == 0
-    a.mgr.ensure_for_tokens([0], [len(p)])
-    a.step_rows([0])
-    a.mgr.commit_prefill([0], [len(p)], [7])
+    a = computed_for_a_save_buffer_of(2, tier, p, device)
     if delay_copies:
         gc.collect()  # page-locked buffers of earlier engines, unregistered mid-save, would wait for the sleep
         with torch.cuda.stream(a.tiers.side):
@@ -453,15 +461,7 @@ def test_a_save_keys_its_blocks_a_piece_at_a_time(monkeypatch):
     each piece is gathered once its own blocks are keyed, before any later block is (the
     first copy waits for one piece's host work, not every block's), and every block and
     tail is saved once."""
-    tier, p = host(), prompt(4, 10 * BS + 1)
-    a = TierEngine("row_space", [tier], max_num_batched_tokens=2048)
-    layout = a.tiers.layout
-    pair = aligned(layout.object_bytes(BLOCK)) + aligned(layout.object_bytes(TAIL))
-    a.tiers = TierCache(a.plan, a.kv, [tier], save_buffer_bytes=6 * pair)
-    assert a.tiers.admit(a.mgr, 0, p) == 0
-    a.mgr.ensure_for_tokens([0], [len(p)])
-    a.step_rows([0])
-    a.mgr.commit_prefill([0], [len(p)], [7])
+    a = computed_for_a_save_buffer_of(6, host(), prompt(4, 10 * BS + 1), "cpu")
     keyed, pieces = [], []
     key_of, save_objects = a.tiers.chain.key_of, a.tiers._save_objects
     monkeypatch.setattr(a.tiers.chain, "key_of", lambda ev: keyed.append(ev) or key_of(ev))
