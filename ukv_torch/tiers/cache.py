@@ -21,7 +21,7 @@
   ones), copied to the KV's device (straight out of a HostTier's memory).
   The request is admitted with that prefix as computed
   (``KvManager.allocate(loaded_tokens=...)``: the same promise and refusals)
-  and its rows are written on the step's stream as the copies land, while
+  and its rows are written on the step's stream once the copies land, while
   the objects are verified on the device; admit returns once they are. A
   missing, truncated, foreign or corrupt object ends the loaded prefix
   before it (the rest is prompt): the admission is then made again with the
@@ -298,7 +298,7 @@ class TierCache:
         The objects are copied to the KV's device on a stream of their own. The
         sequence is admitted with them as computed as soon as the load's end is
         known, and its rows are written from the objects on the current stream
-        as their copies land (after the row copies its admission made, which
+        once their copies land (after the row copies its admission made, which
         admit stages and applies as ``KvReceiver`` does: call it between steps,
         on the stream the steps run on). Admit returns once the objects are
         verified on the device, so it takes about the PCIe time of the bytes. A
@@ -347,7 +347,7 @@ class TierCache:
 
     def _load(self, mgr, seq_id: int, tokens: torch.Tensor, salt: Salt, fetch: ObjectFetch, step) -> int:
         """Read the blocks the backends hold, admit with the furthest end that has a tail
-        object, and write the rows as the copies land; an end found unsound is given back,
+        object, and write the rows once the copies land; an end found unsound is given back,
         and the next one below the sound blocks tried. Without any: a plain allocate."""
         bs, first = self.config.block_size, fetch.first
         top = self._read_held(fetch, tokens, salt)  # no load ends past it
