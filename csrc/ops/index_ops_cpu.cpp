@@ -144,15 +144,18 @@ struct CpuBackend {
         const int64_t layer = i / n;
         const RowRun r = row_run(p, static_cast<int32_t>(i - layer * n), lp.layer_offset[layer]);
         const int64_t row_bytes = p.row_bytes[r.tensor], stride = p.row_stride[r.tensor];
-        const bool dense = stride == row_bytes;
-        const int64_t copies = dense ? (r.rows > 0) : r.rows, copy_bytes = dense ? r.rows * row_bytes : row_bytes;
-        for (int64_t c = 0; c < copies; ++c) {
-          uint8_t* tensor_rows = lp.tensors[layer][r.tensor] + (r.first_row + c) * stride;
-          uint8_t* packed = p.buffer + r.offset + c * row_bytes;
+        uint8_t* rows = lp.tensors[layer][r.tensor] + r.first_row * stride;
+        uint8_t* packed = p.buffer + r.offset;
+        const auto copy = [&](uint8_t* tensor_bytes, uint8_t* buffer_bytes, int64_t bytes) {
           if (p.to_buffer)
-            std::memcpy(packed, tensor_rows, static_cast<size_t>(copy_bytes));
+            std::memcpy(buffer_bytes, tensor_bytes, static_cast<size_t>(bytes));
           else
-            std::memcpy(tensor_rows, packed, static_cast<size_t>(copy_bytes));
+            std::memcpy(tensor_bytes, buffer_bytes, static_cast<size_t>(bytes));
+        };
+        if (stride == row_bytes) {
+          copy(rows, packed, r.rows * row_bytes);
+        } else {
+          for (int64_t row = 0; row < r.rows; ++row) copy(rows + row * stride, packed + row * row_bytes, row_bytes);
         }
       }
     });
