@@ -231,10 +231,11 @@ class ObjectLayout:
         pageable memory would wait for the stream's earlier work (every gather before it),
         and each upload costs host time (a ring range, a copy, an event) whatever its size."""
         rows = int(counts.sum())
-        packed = np.concatenate([r.reshape(-1) for r in runs]
-                                + [np.concatenate([counts, np.zeros(len(counts) % 2, np.int32)]).view(np.int64)])
-        on_device = self._uploads(torch.from_numpy(packed)) if self._uploads is not None else torch.from_numpy(packed)
-        return on_device[:4 * rows].view(rows, 4), on_device[4 * rows:].view(torch.int32)[:len(counts)]
+        padded = np.concatenate([counts, np.zeros(len(counts) % 2, np.int32)])  # whole int64 words
+        packed = torch.from_numpy(np.concatenate([r.reshape(-1) for r in runs] + [padded.view(np.int64)]))
+        if self._uploads is not None:
+            packed = self._uploads(packed)
+        return packed[:4 * rows].view(rows, 4), packed[4 * rows:].view(torch.int32)[:len(counts)]
 
     def _block_runs(self, layer: _Layer, where: np.ndarray, base: np.ndarray) -> np.ndarray:
         """Runs (tensor, first row, rows, offset) of a compress layer's rows in block objects."""
