@@ -172,7 +172,7 @@ def run_prefix(prefix: int, device, steps: int, repeats: int) -> dict:
     # engine's steady state is: the first save of a process also pays for the device and pinned memory
     # its buffers take from the driver (on an H100 host about half the save's time).
     mgr.stage([0])
-    save_s = []
+    save_runs = []
     for run in range(1 + repeats):
         again = TierCache(plan, kv, [HostTier(tier_bytes)], staging_bytes=staging)
         with quiet():
@@ -182,10 +182,10 @@ def run_prefix(prefix: int, device, steps: int, repeats: int) -> dict:
             again.flush()
             sync(device)
             if run:
-                save_s.append(time.perf_counter() - t0)
+                save_runs.append(time.perf_counter() - t0)
         saved = again.stats()
         del again
-    save_s = statistics.median(save_s)
+    save_s = statistics.median(save_runs)
     # Load: a fresh manager over the same tier (and the same tensors: the rows are written again), the prompt
     # as the int64 tensor the manager takes, and as a list (whose conversion any admission pays, tier or not).
     load_s, load_host_s, cached, load_bytes = time_load(plan, kv, saver.backends, staging, token_tensor(tokens), device,
@@ -221,6 +221,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per figure (their median)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
     device = torch.device(args.device)
     rows = [run_prefix(int(p), device, args.steps, args.repeats) for p in args.prefixes.split(",")]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
