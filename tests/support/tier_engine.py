@@ -102,7 +102,7 @@ class TierEngine:
 
 
 def host(mib: int = 64) -> HostTier:
-    return HostTier(mib << 20, pinned=False)
+    return HostTier(mib << 20)  # page-locked where CUDA is: a GPU copy into pageable memory blocks the host
 
 
 def prompt(seed: int, n: int) -> List[int]:
