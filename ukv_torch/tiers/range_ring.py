@@ -1,12 +1,10 @@
 """Ranges of one buffer taken in turn, each held until the work that uses it has ended.
 
-The tiers keep two buffers of a fixed size that the GPU reads or writes
-asynchronously: the device buffer a save gathers into (save_buffer.py) and
-the page-locked host buffer run lists are uploaded from (uploads.py). Each
-is cut into ranges in the order they are asked for, back at the start where
-a range would run past the end; a range is reused only after the events of
-the uses of its bytes, which its taker waits for as its buffer needs (on a
-stream, or on the host)."""
+The page-locked host buffer the tiers' run lists are uploaded from
+(uploads.py) is read by the GPU asynchronously. It is cut into ranges in the
+order they are asked for, back at the start where a range would run past
+the end; a range is reused only after the events of the uses of its bytes,
+which its taker waits for (on the host, before writing it)."""
 from __future__ import annotations
 
 import collections
