@@ -456,21 +456,63 @@ def saved_through_a_two_piece_save_buffer(device, delay_copies=False):
     return a.tiers.stats()
 
 
-def test_a_save_keys_its_blocks_a_piece_at_a_time(monkeypatch):
-    """A 10-block prompt saved in pieces of 3 blocks with their tails (a save buffer of 6):
-    each piece is gathered once its own blocks are keyed, before any later block is (the
-    first copy waits for one piece's host work, not every block's), and every block and
-    tail is saved once."""
+def expected_pieces(has_tail, block, tail, piece_bytes, first_group, max_group):
+    """The reference: blocks keyed in groups, each group's objects (a block's, and its tail's
+    where it has one) after those kept from the groups before, cut in order into pieces of at
+    most ``piece_bytes`` (never empty). A piece is saved once the next object would not fit,
+    once not even a block without tail fits, and at the first group's end and the last one's.
+    The first group is ``first_group`` blocks; each next one as many as fill the piece under
+    way at the bytes per block of the group before, at most ``max_group``. Per piece: (its
+    blocks, blocks keyed by then)."""
+    n, pieces, kept, at, group = len(has_tail), [], [], 0, first_group
+    while at < n:
+        end = min(n, at + group)
+        sizes = [block + tail * has_tail[i] for i in range(at, end)]
+        current = list(kept)
+        for size in sizes:
+            if current and sum(current) + size > piece_bytes:
+                pieces.append((len(current), end))
+                current = []
+            current.append(size)
+        if at == 0 or end == n or sum(current) + block > piece_bytes:
+            pieces.append((len(current), end))
+            current = []
+        per_block = sum(sizes) // len(sizes)
+        group = min(max_group, max(1, -(-(piece_bytes - sum(current)) // per_block)))
+        kept, at = current, end
+    return pieces
+
+
+@pytest.mark.parametrize("tailless, cut", [(0, [(3, 3), (3, 6), (3, 9), (1, 10)]),
+                                              (1, [(3, 3), (3, 8), (3, 9), (1, 10)]),  # 2 blocks kept
+                                              (7, [(3, 3), (6, 10), (1, 10)])])
+def test_a_save_keys_its_blocks_a_group_at_a_time_and_cuts_pieces_by_bytes(monkeypatch, tailless, cut):
+    """A 10-block prompt saved through a save buffer of 6 blocks with their tails (pieces of
+    at most 3 of them): the first piece is gathered once its own 3 blocks are keyed, before any
+    later block is (the first copy waits for one piece's host work, not every block's); later
+    blocks are keyed as many at once as fill a piece at the bytes per block seen, and cut into
+    pieces by their objects' bytes, so blocks whose tails left the window (the first
+    ``tailless``, as a long prompt's) go more to a piece. Every object located is saved once."""
     a = computed_for_a_save_buffer_of(6, host(), prompt(4, 10 * BS + 1), "cpu")
+    block, tail = aligned(a.tiers.layout.object_bytes(BLOCK)), aligned(a.tiers.layout.object_bytes(TAIL))
     keyed, pieces = [], []
-    key_of, save_objects = a.tiers.chain.key_of, a.tiers._save_objects
+    key_of, save_objects, locate = a.tiers.chain.key_of, a.tiers._save_objects, a.tiers._locate
+
+    def located_without_early_tails(mgr, blocks):
+        located = locate(mgr, blocks)
+        first = len(keyed) - len(blocks)  # the group's first block in the prompt
+        located.has_tail[: max(0, tailless - first)] = False
+        return located
     monkeypatch.setattr(a.tiers.chain, "key_of", lambda ev: keyed.append(ev) or key_of(ev))
+    monkeypatch.setattr(a.tiers, "_locate", located_without_early_tails)
     monkeypatch.setattr(a.tiers, "_save_objects",
-                        lambda keys, *rest: pieces.append((len(keys), len(keyed))) or save_objects(keys, *rest))
+                        lambda piece: pieces.append((len(piece), len(keyed))) or save_objects(piece))
     a.tiers.save(a.mgr, a.mgr.take_events())
     a.tiers.flush()
-    assert pieces == [(3, 3), (3, 6), (3, 9), (1, 10)]  # (blocks in the piece, blocks keyed when it was saved)
-    assert a.tiers.stats()["saved_objects"] == 20
+    has_tail = [i >= tailless for i in range(10)]
+    assert pieces == expected_pieces(has_tail, block, tail, 3 * (block + tail), 3, 3 * (block + tail) // block)
+    assert pieces == cut
+    assert a.tiers.stats()["saved_objects"] == 10 + sum(has_tail)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -63,12 +63,40 @@ _TAIL_BATCH = 8  # tail objects looked up at once, from the load's furthest end 
 # runs while the next is keyed, located, gathered and sealed. A piece costs ~2 ms of host time nearly
 # whatever its size (keys, lookups, locating, run lists, uploads, launches; H200 trace), so pieces too
 # small leave the copy waiting for the host. (A 32K-token V4-Pro prefix, 1.37 GB: two halves reached 65%
-# of an H100's pinned copy, 64 MiB pieces 45%.) The blocks are keyed and located a piece at a time, as
-# many as fill one at most, so the first copy starts after one piece's host work, not after every
-# block's (keying a 32K-token prefix's 256 blocks first took ~4 ms of an H100 host before any copy);
-# groups of 8, 16, 32, ... blocks kept the copy idle for ~6 ms of a 32K-token save while the small
-# first groups paid that fixed cost each.
+# of an H100's pinned copy, 64 MiB pieces 45%.) The blocks are keyed and located a group at a time, and
+# what a group located goes into pieces as full as they can be, the rest kept for the next group's. The
+# first group is as many blocks as fill a piece with their tails, saved at once, so the first copy starts
+# after one piece's host work, not after every block's (keying a 32K-token prefix's 256 blocks first took
+# ~4 ms of an H100 host before any copy; groups of 8, 16, 32, ... blocks kept the copy idle for ~6 ms of a
+# 32K-token save while the small first groups paid that fixed cost each). Each later group is as many
+# blocks as fill the piece under way at the bytes per block the last group had: most blocks of a long
+# prompt have no tail (the window left them), and pieces counted as if each had one were 26 MB of a
+# 128K-token prefix's blocks, whose ~2 ms of host work each outlasted their copy. (Same H100 run, 32K /
+# 128K tokens: 81.8% / 80.1% of the pinned copy, against 84.0% / 66.4% with every group a piece's worth
+# of blocks with tails, each saved whole.)
 _SAVE_PIECE_BYTES = 192 << 20
+
+
+@dataclass
+class _Located:
+    """Published blocks a save located (TierCache._locate): their keys, locate_blocks' rows,
+    their SWA units, whether each was found, whether its tail's pages were."""
+    keys: List[bytes]
+    where: torch.Tensor
+    units: torch.Tensor
+    found: np.ndarray
+    has_tail: np.ndarray
+
+    def __add__(self, other: "_Located") -> "_Located":
+        return _Located(self.keys + other.keys, torch.cat([self.where, other.where]),
+                        torch.cat([self.units, other.units]), np.concatenate([self.found, other.found]),
+                        np.concatenate([self.has_tail, other.has_tail]))
+
+    def __getitem__(self, part: slice) -> "_Located":
+        return _Located(self.keys[part], self.where[part], self.units[part], self.found[part], self.has_tail[part])
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 @dataclass
@@ -147,10 +175,12 @@ class TierCache:
         self.cuda = self.device is not None and self.device.type == "cuda"
         self.staging = Staging(staging_bytes, pinned=self.cuda)
         self.save_buffer = SaveBuffer(save_buffer_bytes, self.device)
-        # The blocks of a save piece: as many as fill one with their tails, at most half the staging (a step
-        # of whole chunks publishes every block with its tail, which a smaller staging saves in part).
-        piece_bytes = min(self.staging.size // 2, save_buffer_bytes // 2, _SAVE_PIECE_BYTES)
-        self._piece_blocks = max(1, piece_bytes // (block + tail))
+        # A save piece's bytes: at most half the save buffer and half the staging (a step of whole chunks
+        # publishes every block with its tail, which a smaller staging saves in part). The blocks keyed
+        # and located at once: first as many as fill a piece with their tails, then without them.
+        self._piece_bytes = min(self.staging.size // 2, save_buffer_bytes // 2, _SAVE_PIECE_BYTES)
+        self._first_group_blocks = max(1, self._piece_bytes // (block + tail))
+        self._group_blocks = max(1, self._piece_bytes // block)
         for b in backends:
             b.register_buffer(self.staging.buffer)
         # Saves and loads on streams of their own: a load waits for its copies only, not for saves.
@@ -172,7 +202,7 @@ class TierCache:
         the events say were published through to the tiers. ``events`` are
         ``mgr.take_events()`` (pass them on to a router as well)."""
         self.poll()
-        published = []
+        published, group, located, first = [], self._first_group_blocks, None, True
         for ev in events:
             if ev.kind != KvEventKind.STORED:
                 self.chain.forget(ev)
@@ -180,14 +210,13 @@ class TierCache:
                 key = self.chain.key_of(ev)
                 if key is not None:
                     published.append((key, ev))
-                if len(published) == self._piece_blocks:  # a piece's worth keyed: saved before the rest is
-                    self._save_piece(mgr, published)
-                    published = []
-        self._save_piece(mgr, published)
+                if len(published) == group:  # a group keyed: located, and its full pieces saved before the rest
+                    located, group = self._save_group(mgr, published, located, whole=first)
+                    published, first = [], False
+        self._save_group(mgr, published, located, whole=True)
 
-    def _locate(self, mgr, blocks):
-        """Where the published blocks' rows are now: (locate_blocks' rows, their SWA units
-        [n, pages_per_block], whether each block was found, whether its tail's pages were)."""
+    def _locate(self, mgr, blocks) -> _Located:
+        """Where the published blocks' rows are now (their SWA units [n, pages_per_block])."""
         prefix_hash, hashes = self.config.prefix_hash, [ev.block_hash for _, ev in blocks]
         # the events' own tokens (checked by the manager when it made them), at C speed
         tokens = torch.from_numpy(np.frombuffer(bytearray(b"".join(token_bytes(ev.token_ids) for _, ev in blocks)),
@@ -197,18 +226,37 @@ class TierCache:
         units = mgr.locate_pages(key_tensor(pages, prefix_hash), tokens).view(len(blocks), self._ppb)
         found = where.numpy()[:, 0] >= 0
         has_tail = found & (units.numpy()[:, self._first_tail_page:] >= 0).all(axis=1)
-        return where, units, found, has_tail
+        return _Located([key for key, _ in blocks], where, units, found, has_tail)
 
-    def _save_piece(self, mgr, published) -> None:
-        """Locate a piece's published blocks (those not in every backend yet) and save them."""
+    def _save_group(self, mgr, published, kept: Optional[_Located], whole: bool) -> Tuple[Optional[_Located], int]:
+        """Locate a group's published blocks (those not in every backend yet) after the blocks
+        ``kept`` from the groups before, and save them in pieces of at most ``_piece_bytes`` of
+        objects (at least one block's): the full ones, or all with ``whole``. Returns the
+        blocks kept for the next group, and how many blocks that group should be: as many as
+        fill the piece under way at the bytes per block this one had."""
         everywhere = self._present([key_name(key) for key, _ in published], everywhere=True)
         blocks = [block for block, saved in zip(published, everywhere) if not saved]
-        if blocks:
-            self._save_objects([key for key, _ in blocks], *self._locate(mgr, blocks))
+        group = self._locate(mgr, blocks) if blocks else None
+        located = group if kept is None else kept if group is None else kept + group
+        if located is None:  # nothing to save yet, nor bytes per block to go by
+            return None, self._group_blocks
+        sizes = (located.found * self._block_bytes + located.has_tail * self._tail_bytes).tolist()
+        start, piece = 0, 0
+        for i, size in enumerate(sizes):
+            if piece + size > self._piece_bytes and piece:
+                self._save_objects(located[start:i])
+                start, piece = i, 0
+            piece += size
+        if whole or piece + self._block_bytes > self._piece_bytes:  # (full: not even a block without tail fits)
+            self._save_objects(located[start:])
+            start, piece = len(located), 0
+        per_block = max(1, sum(sizes[-len(group):]) // len(group)) if group else self._block_bytes
+        next_group = min(self._group_blocks, max(1, -(-(self._piece_bytes - piece) // per_block)))
+        return (located[start:] if start < len(located) else None), next_group
 
-    def _save_objects(self, keys: List[bytes], where: torch.Tensor, units: torch.Tensor, found: np.ndarray,
-                      has_tail: np.ndarray) -> None:
+    def _save_objects(self, piece: _Located) -> None:
         """Gather, seal and start copying one piece's objects to the backends."""
+        keys, where, units, found, has_tail = piece.keys, piece.where, piece.units, piece.found, piece.has_tail
         n_blocks = int(found.sum())
         kinds = [BLOCK] * n_blocks + [TAIL] * int(has_tail.sum())
         if not kinds:
