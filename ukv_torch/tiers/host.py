@@ -36,7 +36,9 @@ class HostTier(TierBackend):
 
     ``pinned`` (default: whether CUDA is available) allocates page-locked
     memory, which the engine's copies to and from the GPU need to run
-    asynchronously at full speed. A put that finds no free range large
+    asynchronously at full speed (a copy into pageable memory blocks the
+    host until the stream's earlier work has run: every save would wait
+    for the step's kernels). A put that finds no free range large
     enough evicts the least recently used objects until one is (a get or a
     put of an existing key counts as a use).
 
