@@ -12,7 +12,7 @@ each chunk's save() is the host cost per block); "save" is then the whole
 prefix saved again into an empty tier, from save() until every object is in
 the tier (flush): the throughput of saves back to back, "load" a fresh
 manager's admission of the same prompt until its rows are written (admit:
-find, copy to the GPU, write the rows as the copies land, verify there; then
+find, copy to the GPU, write the rows once the copies land, verify there; then
 the first chunk staged, as an engine's step does), the prompt given as the
 int64 tensor the manager takes ("load_gbps_list_prompt": given as a list of
 ints, whose conversion any admission pays, with a tier or without). Bytes are the objects' (headers

@@ -154,7 +154,7 @@ def test_objects_of_another_model_or_salt_are_never_read():
 
 @pytest.mark.parametrize("layout", ["row_space", "static"])
 def test_a_load_found_unsound_after_its_admission_gives_its_rows_back_and_touches_no_other(layout):
-    """The rows are written as the copies land, before the objects are verified: a bad
+    """The rows are written once the copies land, before the objects are verified: a bad
     block 3 makes admit free the sequence and admit it again with blocks 0-2 (the last
     tail at or below them). Another live sequence's rows stay as they were, the pools
     are consistent, and the rows loaded are the saved ones."""
@@ -433,9 +433,9 @@ def computed_for_a_save_buffer_of(pairs, tier, p, device):
 
 def saved_through_a_two_piece_save_buffer(device, delay_copies=False):
     """A 10-block prompt computed in one chunk and saved through a save buffer of two
-    pieces of one block and its tail (every piece after the second reuses a range),
+    halves of one block and its tail (every piece after the second reuses a half),
     with the copies to host memory held back on the side stream by ``delay_copies``
-    (then every piece after the second finds its range's copy still to run): the
+    (then every piece after the second finds its half's copy still to run): the
     loaded rows must be the ones saved. Returns the saver's stats."""
     tier, p = host(), prompt(3, 10 * BS + 1)
     a = computed_for_a_save_buffer_of(2, tier, p, device)
@@ -522,9 +522,9 @@ def test_saves_through_a_save_buffer_of_two_pieces_restore_every_row(device):
 
 
 @pytest.mark.gpu
-def test_a_save_buffer_range_is_reused_only_after_its_copy_to_host_memory():
+def test_a_save_buffer_half_is_reused_only_after_its_copy_to_host_memory():
     """The copies held back behind 0.5 s of GPU sleep: each piece after the second waits on
-    the device for the copy of the piece that held its range (without that wait the
+    the device for the copy of the piece that held its half (without that wait the
     later gathers overwrite objects before they are copied, and the load stops early).
     Once undelayed first, so the kernels are loaded before the sleep starts."""
     saved_through_a_two_piece_save_buffer("cuda")

@@ -178,7 +178,7 @@ class TierCache:
         # A save piece's bytes: at most half the save buffer and half the staging (a step of whole chunks
         # publishes every block with its tail, which a smaller staging saves in part). The blocks keyed
         # and located at once: first as many as fill a piece with their tails, then without them.
-        self._piece_bytes = min(self.staging.size // 2, save_buffer_bytes // 2, _SAVE_PIECE_BYTES)
+        self._piece_bytes = min(self.staging.size // 2, self.save_buffer.half, _SAVE_PIECE_BYTES)
         self._first_group_blocks = max(1, self._piece_bytes // (block + tail))
         self._group_blocks = max(1, self._piece_bytes // block)
         for b in backends:
