@@ -135,12 +135,28 @@ class ObjectLayout:
         groups = {}
         for i, layer in enumerate(self.layers):
             if kind == TAIL or layer.ratio:
-                shapes = tuple((t.shape[1], t.stride(), t.element_size()) for t in self._sources(layer) if t is not None)
+                shapes = tuple((t.shape[1], t.stride(), t.element_size()) for t in self._sources(layer, kind)
+                               if t is not None)
                 groups.setdefault((layer.ratio, shapes), []).append(i)
         return [_CopyCall(self.layers[group[at]], [t for i in group[at: at + _LAYERS_PER_CALL]
-                                                   for t in self._sources(self.layers[i])],
+                                                   for t in self._sources(self.layers[i], kind)],
                           [self._offsets[kind][i] for i in group[at: at + _LAYERS_PER_CALL]])
                 for group in groups.values() for at in range(0, len(group), _LAYERS_PER_CALL)]
+
+    def _place_rows(self, ratio: int) -> Tuple[int, int]:
+        """(first, step) such that the SWA rows of a page's places, in the layers of this
+        class, are consecutive rows of ``plane[first::step]``: the row space puts an HCA
+        layer's places ``group_stride`` rows apart, one per group between its compressed
+        rows. Addressed as rows of the planes, a tail's places were runs of one row each
+        (10,414 a layer for 41 tails): gathering 33 tail objects took 2.38 ms on an H100,
+        over the strided view 1.26 ms (same run; a 32K-token save went from 77.1% to 83.1%
+        of the pinned copy). (0, 1) where the places' rows already follow each other."""
+        if self.config.layout != "row_space":
+            return 0, 1
+        _, unit_rows, offset, group, stride = self.plan.swa_rows(ratio)
+        if group != 1 or stride <= 1 or unit_rows % stride:
+            return 0, 1
+        return offset % stride, stride
 
     @staticmethod
     def _plane_kind(plane: Optional[torch.Tensor], row_bytes: int):
@@ -221,9 +237,14 @@ class ObjectLayout:
         for call in self._calls[kind]:
             op(call.sources, *per_ratio[call.first.ratio], buffer, layer_offsets=call.layer_offsets)
 
-    @staticmethod
-    def _sources(layer: _Layer) -> List[torch.Tensor]:
-        return layer.planes + ([layer.indexer] if layer.indexer is not None else [])
+    def _sources(self, layer: _Layer, kind: int) -> List[torch.Tensor]:
+        """The tensors a kind's runs name, by index: the planes (a tail's as the rows its
+        places lie on, ``_place_rows``), then the CSA indexer."""
+        planes = layer.planes
+        if kind == TAIL and planes[0] is not None:
+            first, step = self._place_rows(layer.ratio)
+            planes = [t[first::step] for t in planes]
+        return planes + ([layer.indexer] if layer.indexer is not None else [])
 
     def _upload_runs(self, runs: List[np.ndarray], counts: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
         """The ratios' [n, 4] int64 runs, one after the other, and their int32 counts, on the
@@ -272,7 +293,11 @@ class ObjectLayout:
                          swa_rows=list(self.plan.swa_rows(layer.ratio)))
         if bool((rows < 0).any()):
             raise RuntimeError("a tail object's position has no SWA page: its rows cannot be copied")
-        rows = rows.numpy().astype(np.int64).reshape(n, count)
+        first_row, step = self._place_rows(layer.ratio)
+        rows = rows.numpy().astype(np.int64).reshape(n, count) - first_row
+        if step > 1 and (rows % step).any():
+            raise RuntimeError("a tail object's SWA row is off its class's place rows: its rows cannot be copied")
+        rows //= step  # rows of the planes _sources gives
         starts = np.ones((n, count), dtype=bool)
         starts[:, 1:] = rows[:, 1:] != rows[:, :-1] + 1
         first = np.flatnonzero(starts)  # each run's first position, objects after each other
