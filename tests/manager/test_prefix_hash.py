@@ -23,6 +23,7 @@ from support.manager_steps import BS, LAYOUTS, pair, prefill, state, tokens
 from support.routed_serving import RoutedServing
 from support.serving import CONFIGS, Serving
 from ukv_torch import KvEventKind, KvManager, KvRole, ServeConfig
+from ukv_torch.manager.prefix_hashing import swa_page_key_tensor
 from ukv_torch.testing.prefix_keys_model import block_hash, page_hash
 
 STRONG = ["sha256", "blake2b"]
@@ -55,6 +56,9 @@ def test_block_and_page_keys_are_the_documented_hashlib_chain(prefix_hash):
             for ppb in [1, 2, 4]:
                 pages = ukv_torch.swa_page_hashes(keys, ppb, prefix_hash)
                 assert pages == [page_hash(k, j, ppb, prefix_hash) for k in keys for j in range(ppb)]
+                # the page keys as the manager's locate_pages takes them, straight from the block keys'
+                assert torch.equal(swa_page_key_tensor(ukv_torch.key_tensor(keys, prefix_hash), ppb, prefix_hash),
+                                   ukv_torch.key_tensor(pages, prefix_hash))
     key = ukv_torch.block_hashes(toks, bs, None, prefix_hash)[0]
     assert isinstance(key, int) if prefix_hash == "xxh64" else (isinstance(key, bytes) and len(key) == 16)
 

@@ -115,8 +115,20 @@ def key_words(keys: Sequence[Key], prefix_hash: str, name: str = "block_hashes")
 def key_tensor(keys: Sequence[Key], prefix_hash: str) -> torch.Tensor:
     """Keys as KvManager.locate_blocks / locate_pages take them: int64 [n] under
     xxh64, [n, 2] (lo, hi words) under sha256 and blake2b."""
-    words = torch.tensor(key_words(keys, prefix_hash, "hashes"), dtype=torch.int64)
-    return words if prefix_hash == "xxh64" else words.view(-1, 2)
+    return _words_tensor(key_words(keys, prefix_hash, "hashes"), prefix_hash)
+
+
+def _words_tensor(words: List[int], prefix_hash: str) -> torch.Tensor:
+    t = torch.tensor(words, dtype=torch.int64)
+    return t if prefix_hash == "xxh64" else t.view(-1, 2)
+
+
+def swa_page_key_tensor(block_keys: torch.Tensor, pages_per_block: int, prefix_hash: str = "xxh64") -> torch.Tensor:
+    """``key_tensor(swa_page_hashes(blocks, ...))`` from ``key_tensor(blocks)``, without
+    making every page key a Python int or bytes and back (a tier save locates the
+    pages of every block it saves)."""
+    words = torch.ops.ukv.swa_page_hashes(block_keys.reshape(-1).tolist(), pages_per_block, prefix_hash)
+    return _words_tensor(words, prefix_hash)
 
 
 def block_hashes(tokens: Union[torch.Tensor, Sequence[int]], block_size: int, salt: Salt = None,

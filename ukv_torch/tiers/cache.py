@@ -38,7 +38,7 @@ import torch
 
 from ..manager.kv_events import KvEvent, KvEventKind, KvRole
 from ..manager.kv_manager import token_tensor
-from ..manager.prefix_hashing import Salt, key_tensor, swa_page_hashes
+from ..manager.prefix_hashing import Salt, key_tensor, swa_page_key_tensor
 from ..ops import apply_row_copies
 from .backend import TierBackend
 from .fetch import ObjectFetch, merged_copies
@@ -221,9 +221,10 @@ class TierCache:
         # the events' own tokens (checked by the manager when it made them), at C speed
         tokens = torch.from_numpy(np.frombuffer(bytearray(b"".join(token_bytes(ev.token_ids) for _, ev in blocks)),
                                                 dtype="<i8").astype(np.int64, copy=False))
-        where = mgr.locate_blocks(key_tensor(hashes, prefix_hash), tokens)
-        pages = swa_page_hashes(hashes, self._ppb, prefix_hash)
-        units = mgr.locate_pages(key_tensor(pages, prefix_hash), tokens).view(len(blocks), self._ppb)
+        keys = key_tensor(hashes, prefix_hash)
+        where = mgr.locate_blocks(keys, tokens)
+        units = mgr.locate_pages(swa_page_key_tensor(keys, self._ppb, prefix_hash), tokens)
+        units = units.view(len(blocks), self._ppb)
         found = where.numpy()[:, 0] >= 0
         has_tail = found & (units.numpy()[:, self._first_tail_page:] >= 0).all(axis=1)
         return _Located([key for key, _ in blocks], where, units, found, has_tail)

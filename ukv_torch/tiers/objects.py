@@ -61,6 +61,17 @@ class _Layer(NamedTuple):
     indexer_bytes: int
 
 
+class _TailRuns(NamedTuple):
+    """A class's runs of one tail object, for a block whose SWA units are 0, 1, ...: per run
+    its page column, first row, rows and first place in the object; a unit u is u * unit_rows
+    rows further."""
+    cols: np.ndarray
+    rows: np.ndarray
+    counts: np.ndarray
+    places: np.ndarray
+    unit_rows: int
+
+
 class _CopyCall(NamedTuple):
     first: _Layer                 # its first layer (the runs are its ratio's)
     sources: List[torch.Tensor]   # every layer's tensors, layer after layer
@@ -103,6 +114,7 @@ class ObjectLayout:
                 sizes[kind] += self._layer_bytes(kind, layer)
         self.payload_bytes = sizes
         self._calls = {kind: self._copy_calls(kind) for kind in (BLOCK, TAIL)}
+        self._tail_templates = {}  # per compress ratio: _TailRuns
         self.device = None if kv is None else self.layers[0].planes[0].device
         self._uploads = Uploads(self.device) if self.device is not None and self.device.type == "cuda" else None
         # The header's first two words per kind (magic, version, kind; payload bytes).
@@ -223,13 +235,12 @@ class ObjectLayout:
             return
         base = np.asarray(offsets, dtype=np.int64) + HEADER_BYTES
         where = where.numpy().astype(np.int64)
-        tail_args = self._tail_mapping_args(where) if kind == TAIL else None
         firsts = {}  # each ratio's first layer: its runs are every layer's of that ratio
         for call in self._calls[kind]:
             firsts.setdefault(call.first.ratio, call.first)
         ratios = list(firsts)
         runs = [self._block_runs(firsts[r], where, base) if kind == BLOCK else
-                self._tail_runs(firsts[r], tail_args, base) for r in ratios]
+                self._tail_runs(firsts[r], where, base) for r in ratios]
         counts = np.array([len(r) for r in runs], dtype=np.int32)
         all_runs, all_counts = self._upload_runs(runs, counts)
         starts = np.concatenate([[0], np.cumsum(counts)])
@@ -275,36 +286,52 @@ class ObjectLayout:
             runs.append(_run_block(len(layer.planes), where[:, 1 if row_space else 0], 1, base + offset))
         return np.concatenate(runs)
 
-    def _tail_mapping_args(self, where: np.ndarray):
-        """swa_slot_mapping's table, positions and batch ids for the tail positions of
-        tail objects whose blocks' SWA units are ``where``: every ratio's runs use them."""
-        bs, n = self.config.block_size, where.shape[0]
-        positions = torch.arange(bs - self.tail_rows, bs, dtype=torch.int64)  # within the block
-        return (torch.from_numpy(where.astype(np.int32)), positions.repeat(n),
-                torch.arange(n, dtype=torch.int32).repeat_interleave(self.tail_rows))
-
-    def _tail_runs(self, layer: _Layer, mapping_args, base: np.ndarray) -> np.ndarray:
-        """Runs of a layer's SWA rows of the tail positions: within an object, positions
-        whose rows follow each other (a page's) make one run, in every plane alike (a row
-        per run left the copy kernel with runs of a few hundred bytes)."""
-        n, count = len(base), self.tail_rows
-        rows = torch.empty(n * count, dtype=torch.int32)
-        swa_slot_mapping(*mapping_args, rows, block_size=self.config.block_size,
-                         swa_rows=list(self.plan.swa_rows(layer.ratio)))
-        if bool((rows < 0).any()):
+    def _tail_runs(self, layer: _Layer, units: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """Runs of a layer's SWA rows of the tail positions, of tail objects at ``base`` whose
+        blocks' SWA units are ``units`` ([n, pages_per_block]): the class's runs of one
+        tail (``_tail_template``) moved to each block's units, in every plane alike."""
+        template = self._tail_template(layer.ratio)
+        held = units[:, template.cols]
+        if (held < 0).any():
             raise RuntimeError("a tail object's position has no SWA page: its rows cannot be copied")
-        first_row, step = self._place_rows(layer.ratio)
-        rows = rows.numpy().astype(np.int64).reshape(n, count) - first_row
-        if step > 1 and (rows % step).any():
-            raise RuntimeError("a tail object's SWA row is off its class's place rows: its rows cannot be copied")
-        rows //= step  # rows of the planes _sources gives
-        starts = np.ones((n, count), dtype=bool)
-        starts[:, 1:] = rows[:, 1:] != rows[:, :-1] + 1
-        first = np.flatnonzero(starts)  # each run's first position, objects after each other
-        lengths = np.diff(np.append(first, n * count))
-        obj, place = np.divmod(first, count)
+        rows = (held * template.unit_rows + template.rows).reshape(-1)
+        counts = np.tile(template.counts, len(base))
         runs, offset = [], 0
         for index, row_bytes in enumerate(layer.row_bytes):
-            runs.append(_run_block(index, rows.reshape(-1)[first], lengths, base[obj] + offset + place * row_bytes))
-            offset += count * row_bytes
+            offsets = base[:, None] + offset + template.places * row_bytes
+            runs.append(_run_block(index, rows, counts, offsets.reshape(-1)))
+            offset += self.tail_rows * row_bytes
         return np.concatenate(runs)
+
+    def _tail_template(self, ratio: int) -> "_TailRuns":
+        """The runs of one tail object in the layers of this class, for a block whose SWA
+        units are 0, 1, ...: the rows of its positions as ``ukv.swa_slot_mapping`` gives
+        them (the one formula of where a position lies), as rows of the planes ``_sources``
+        gives, split where a page ends or the rows stop following each other. A row lies
+        ``unit_rows`` rows further for each unit further on (checked: the formula is
+        affine in the unit). Mapping every tail position of every object instead, then
+        finding its runs, was ~30% of a save's host time (a 32K-token prefix's 232 tails)."""
+        if ratio not in self._tail_templates:
+            bs, count = self.config.block_size, self.tail_rows
+            positions = torch.arange(bs - count, bs, dtype=torch.int64)  # within the block
+            first, step = self._place_rows(ratio)
+            mapped = []
+            for unit in (0, 1):  # the block's pages in units unit, unit + 1, ...
+                table = torch.arange(unit, unit + bs // self.config.swa_page, dtype=torch.int32).view(1, -1)
+                rows = torch.empty(count, dtype=torch.int32)
+                swa_slot_mapping(table, positions, torch.zeros(count, dtype=torch.int32), rows, block_size=bs,
+                                 swa_rows=list(self.plan.swa_rows(ratio)))
+                mapped.append(rows.numpy().astype(np.int64) - first)
+            unit_rows = mapped[1] - mapped[0]
+            if (mapped[0] % step).any() or (unit_rows % step).any() or (unit_rows != unit_rows[0]).any() or \
+                    unit_rows[0] <= 0:
+                raise RuntimeError(f"the SWA rows of compress ratio {ratio} are not a unit's rows moved by a fixed "
+                                   f"number of rows a unit: tail objects cannot be copied")
+            rows, cols = mapped[0] // step, positions.numpy() // self.config.swa_page
+            starts = np.ones(count, dtype=bool)
+            starts[1:] = (rows[1:] != rows[:-1] + 1) | (cols[1:] != cols[:-1])
+            places = np.flatnonzero(starts)
+            per_unit = int(unit_rows[0]) // step
+            self._tail_templates[ratio] = _TailRuns(cols[places], rows[places] - cols[places] * per_unit,
+                                                    np.diff(np.append(places, count)), places, per_unit)
+        return self._tail_templates[ratio]
