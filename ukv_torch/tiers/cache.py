@@ -29,6 +29,7 @@
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -445,9 +446,10 @@ class TierCache:
         while count:
             start = first + len(fetch.keys)
             keys = chain_keys(parent, tokens, bs, count, start=start)
-            present = self._present([key_name(k) for k in keys])
+            names = [key_name(k) for k in keys]
+            present = self._present(names)
             found = present.index(False) if False in present else len(keys)
-            if (fetch.blocks(keys[:found]) if found else 0) < count:
+            if (fetch.blocks(keys[:found], names[:found]) if found else 0) < count:
                 break  # one not held, or read and not whole: no load goes past it
             parent, count = keys[-1], min(_LOAD_PIECE_BLOCKS, last - start - count)
         return first + len(fetch.keys)
@@ -494,10 +496,12 @@ class TierCache:
         c["loaded_blocks"] += blocks
         c["loaded_tokens"] += blocks * self.config.block_size
         c["loaded_bytes"] += blocks * self.layout.object_bytes(BLOCK) + self.layout.object_bytes(TAIL)
-        loaded = fetch.loaded(end)
-        for _, read, _ in loaded:
-            c[f"{self.backends[read.level].name}_fetched_objects"] += 1
-        self._copy_nearer([(name, read.level, read.bytes(size)) for name, read, size in loaded if read.level])
+        levels = collections.Counter(read.level for read in fetch.read_by[:blocks] + [fetch.tail[1]])
+        for level, count in levels.items():
+            c[f"{self.backends[level].name}_fetched_objects"] += count
+        if len(levels) > 1 or 0 not in levels:  # (named only where some came from a later backend)
+            self._copy_nearer([(name, read.level, read.bytes(size)) for name, read, size in fetch.loaded(end)
+                               if read.level])
 
     def _copy_nearer(self, objects: List[Tuple[str, int, torch.Tensor]]) -> None:
         """What a later backend had, (name, its level, its bytes), goes into the backends

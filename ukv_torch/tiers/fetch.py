@@ -77,13 +77,13 @@ class ObjectFetch:
         self._landing: List[Tuple[int, object]] = []  # (blocks read whole so far, their copies' event), CUDA
         self._tail_landing: Optional[object] = None   # the tail's copy's event, CUDA
 
-    def blocks(self, keys: List[bytes]) -> int:
-        """Read the next blocks' objects (their keys, in order) and start their copies:
-        how many of them, from the first, were read whole (a load ends before the
-        first block that was not)."""
+    def blocks(self, keys: List[bytes], names: List[str]) -> int:
+        """Read the next blocks' objects (their keys, in order, and the keys' names) and
+        start their copies: how many of them, from the first, were read whole (a load
+        ends before the first block that was not)."""
         base = len(self.keys)
         offsets = [(base + i) * self.block_bytes for i in range(len(keys))]
-        got = self._read([key_name(k) for k in keys], self.cache.layout.object_bytes(BLOCK), offsets)
+        got = self._read(names, self.cache.layout.object_bytes(BLOCK), offsets)
         whole = next((i for i, g in enumerate(got) if g is None), len(got))
         self.keys += keys[:whole]
         self.read_by += got[:whole]

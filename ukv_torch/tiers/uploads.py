@@ -14,6 +14,7 @@ registered when the ring is made: registering (and unregistering) host
 memory may synchronize the device, which a step must never meet."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .range_ring import RangeRing
@@ -32,6 +33,7 @@ class Uploads:
     def __init__(self, device: torch.device, size: int = _INITIAL_BYTES):
         self.device, self.size = device, size
         self.buffer = host_bytes(size, pinned=True)
+        self._host = self.buffer.numpy()
         self._ring = RangeRing(size)
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
@@ -43,7 +45,7 @@ class Uploads:
         for event in pending:  # the ring came round to a copy not yet run
             event.synchronize()
         staged = self.buffer[start: start + nbytes]
-        staged.copy_(t.reshape(-1).view(torch.uint8))
+        np.copyto(self._host[start: start + nbytes], t.reshape(-1).view(torch.uint8).numpy())
         out = torch.empty(t.shape, dtype=t.dtype, device=self.device)
         out.view(-1).view(torch.uint8).copy_(staged, non_blocking=True)
         event = torch.cuda.Event()
@@ -55,3 +57,4 @@ class Uploads:
         for event in self._ring.pending():  # the copies still to read the current buffer
             event.synchronize()
         self.size, self.buffer, self._ring = size, host_bytes(size, pinned=True), RangeRing(size)
+        self._host = self.buffer.numpy()
