@@ -295,7 +295,7 @@ class ObjectLayout:
         if (held < 0).any():
             raise RuntimeError("a tail object's position has no SWA page: its rows cannot be copied")
         rows = (held * template.unit_rows + template.rows).reshape(-1)
-        counts = np.tile(template.counts, len(base))
+        counts = np.broadcast_to(template.counts, held.shape).reshape(-1)
         runs, offset = [], 0
         for index, row_bytes in enumerate(layer.row_bytes):
             offsets = base[:, None] + offset + template.places * row_bytes
