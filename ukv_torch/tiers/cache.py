@@ -499,7 +499,7 @@ class TierCache:
         levels = collections.Counter(read.level for read in fetch.read_by[:blocks] + [fetch.tail[1]])
         for level, count in levels.items():
             c[f"{self.backends[level].name}_fetched_objects"] += count
-        if len(levels) > 1 or 0 not in levels:  # (named only where some came from a later backend)
+        if levels.keys() - {0}:  # some came from a later backend (only then are the objects named)
             self._copy_nearer([(name, read.level, read.bytes(size)) for name, read, size in fetch.loaded(end)
                                if read.level])
 

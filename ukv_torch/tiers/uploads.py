@@ -45,6 +45,9 @@ class Uploads:
         for event in pending:  # the ring came round to a copy not yet run
             event.synchronize()
         staged = self.buffer[start: start + nbytes]
+        # numpy's copy: torch's CPU copy of over 32K elements runs on its thread pool, and with
+        # that pool at one thread a 32K-token load (41 KB of run lists, its largest such copy)
+        # took 7.5 ms instead of 10.2 on an H100 host
         np.copyto(self._host[start: start + nbytes], t.reshape(-1).view(torch.uint8).numpy())
         out = torch.empty(t.shape, dtype=t.dtype, device=self.device)
         out.view(-1).view(torch.uint8).copy_(staged, non_blocking=True)
