@@ -503,7 +503,7 @@ def test_a_save_keys_its_blocks_a_group_at_a_time_and_cuts_pieces_by_bytes(monke
         first = len(keyed) - len(blocks)  # the group's first block in the prompt
         located.has_tail[: max(0, tailless - first)] = False
         return located
-    monkeypatch.setattr(a.tiers.chain, "key_of", lambda ev: keyed.append(ev) or key_of(ev))
+    monkeypatch.setattr(a.tiers.chain, "key_of", lambda ev, data: keyed.append(ev) or key_of(ev, data))
     monkeypatch.setattr(a.tiers, "_locate", located_without_early_tails)
     monkeypatch.setattr(a.tiers, "_save_objects",
                         lambda piece: pieces.append((len(piece), len(keyed))) or save_objects(piece))

@@ -60,5 +60,6 @@ def test_the_events_keys_are_the_prompts_chain():
     mgr.ensure_for_tokens([0], [len(tokens)])
     mgr.commit_prefill([0], [len(tokens)], [1])
     chain = KeyChain(FP, limit=100)
-    keys = [chain.key_of(ev) for ev in mgr.take_events() if ev.kind == KvEventKind.STORED and ev.role == KvRole.COMPRESS]
+    keys = [chain.key_of(ev, token_bytes(ev.token_ids)) for ev in mgr.take_events()
+            if ev.kind == KvEventKind.STORED and ev.role == KvRole.COMPRESS]
     assert keys == reference_keys(tokens, 9, 5)

@@ -208,9 +208,10 @@ class TierCache:
             if ev.kind != KvEventKind.STORED:
                 self.chain.forget(ev)
             elif ev.role == KvRole.COMPRESS:
-                key = self.chain.key_of(ev)
+                data = token_bytes(ev.token_ids)
+                key = self.chain.key_of(ev, data)
                 if key is not None:
-                    published.append((key, ev))
+                    published.append((key, ev, data))
                 if len(published) == group:  # a group keyed: located, and its full pieces saved before the rest
                     located, group = self._save_group(mgr, published, located, whole=first)
                     published, first = [], False
@@ -218,9 +219,9 @@ class TierCache:
 
     def _locate(self, mgr, blocks) -> _Located:
         """Where the published blocks' rows are now (their SWA units [n, pages_per_block])."""
-        prefix_hash, hashes = self.config.prefix_hash, [ev.block_hash for _, ev in blocks]
-        # the events' own tokens (checked by the manager when it made them), at C speed
-        tokens = torch.from_numpy(np.frombuffer(bytearray(b"".join(token_bytes(ev.token_ids) for _, ev in blocks)),
+        prefix_hash, hashes = self.config.prefix_hash, [ev.block_hash for _, ev, _ in blocks]
+        # the events' own tokens (checked by the manager when it made them), packed once when keyed
+        tokens = torch.from_numpy(np.frombuffer(bytearray(b"".join(data for _, _, data in blocks)),
                                                 dtype="<i8").astype(np.int64, copy=False))
         keys = key_tensor(hashes, prefix_hash)
         where = mgr.locate_blocks(keys, tokens)
@@ -228,7 +229,7 @@ class TierCache:
         units = units.view(len(blocks), self._ppb)
         found = where.numpy()[:, 0] >= 0
         has_tail = found & (units.numpy()[:, self._first_tail_page:] >= 0).all(axis=1)
-        return _Located([key for key, _ in blocks], where, units, found, has_tail)
+        return _Located([key for key, _, _ in blocks], where, units, found, has_tail)
 
     def _save_group(self, mgr, published, kept: Optional[_Located], whole: bool) -> Tuple[Optional[_Located], int]:
         """Locate a group's published blocks (those not in every backend yet) after the blocks
@@ -236,7 +237,7 @@ class TierCache:
         objects (at least one block's): the full ones, or all with ``whole``. Returns the
         blocks kept for the next group, and how many blocks that group should be: as many as
         fill the piece under way at the bytes per block this one had."""
-        everywhere = self._present([key_name(key) for key, _ in published], everywhere=True)
+        everywhere = self._present([key_name(key) for key, _, _ in published], everywhere=True)
         blocks = [block for block, saved in zip(published, everywhere) if not saved]
         group = self._locate(mgr, blocks) if blocks else None
         located = group if kept is None else kept if group is None else kept + group

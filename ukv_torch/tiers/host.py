@@ -111,8 +111,8 @@ class HostTier(TierBackend):
     def reserve(self, keys: Sequence[str], sizes: Sequence[int]) -> Tuple[torch.Tensor, List[Optional[Tuple[int, int]]]]:
         if len(keys) != len(sizes):
             raise ValueError(f"HostTier.reserve: {len(keys)} keys but {len(sizes)} sizes")
-        for size in sizes:  # all checked before anything is reserved
-            if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
+        for size in sizes:  # all checked before anything is reserved (plain ints first: an ABC check is slow)
+            if not (type(size) is int or isinstance(size, numbers.Integral) and not isinstance(size, bool)) or size < 0:
                 raise ValueError(f"HostTier.reserve: sizes must be ints >= 0, got {size!r}")
         places = []
         for key, size in zip(keys, sizes):

@@ -99,9 +99,10 @@ class KeyChain:
         self.fp, self.limit = fp, limit
         self._keys: "OrderedDict[Key, bytes]" = OrderedDict()
 
-    def key_of(self, event: KvEvent) -> Optional[bytes]:
+    def key_of(self, event: KvEvent, data: bytes) -> Optional[bytes]:
         """The key of a Stored compress event's block, remembered for its children; None
-        when its parent's key is unknown."""
+        when its parent's key is unknown. ``data``: the event's token_ids as
+        :func:`token_bytes` gives them (the caller keeps them for locating the block)."""
         if event.parent_hash is None:
             parent = root_key(self.fp, event.salt)
         else:
@@ -109,7 +110,7 @@ class KeyChain:
             if parent is None:
                 return None
             self._keys.move_to_end(event.parent_hash)
-        key = _digest(parent, token_bytes(event.token_ids))
+        key = _digest(parent, data)
         self._keys[event.block_hash] = key
         if len(self._keys) > self.limit:
             self._keys.popitem(last=False)
