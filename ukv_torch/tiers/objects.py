@@ -160,9 +160,9 @@ class ObjectLayout:
         class, are consecutive rows of ``plane[first::step]``: the row space puts an HCA
         layer's places ``group_stride`` rows apart, one per group between its compressed
         rows. Addressed as rows of the planes, a tail's places were runs of one row each
-        (10,414 a layer for 41 tails): gathering 33 tail objects took 2.38 ms on an H100,
-        over the strided view 1.26 ms (same run; a 32K-token save went from 77.1% to 83.1%
-        of the pinned copy). (0, 1) where the places' rows already follow each other."""
+        (10,414 a layer for 41 tails): gathering 33 tail objects took 2.38 ms of stream time
+        on an H100, over the strided view 1.26 ms (same run; a 32K-token save went from 77.1%
+        to 83.1% of the pinned copy). (0, 1) where the places' rows already follow each other."""
         if self.config.layout != "row_space":
             return 0, 1
         _, unit_rows, offset, group, stride = self.plan.swa_rows(ratio)
