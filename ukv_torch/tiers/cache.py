@@ -497,7 +497,7 @@ class TierCache:
         c["loaded_blocks"] += blocks
         c["loaded_tokens"] += blocks * self.config.block_size
         c["loaded_bytes"] += blocks * self.layout.object_bytes(BLOCK) + self.layout.object_bytes(TAIL)
-        levels = collections.Counter(read.level for read in fetch.read_by[:blocks] + [fetch.tail[1]])
+        levels = collections.Counter(read.level for read in fetch.reads(end))
         for level, count in levels.items():
             c[f"{self.backends[level].name}_fetched_objects"] += count
         if levels.keys() - {0}:  # some came from a later backend (only then are the objects named)

@@ -171,11 +171,16 @@ class ObjectFetch:
         """The offsets in ``source`` of blocks [first, end)'s objects, then the tail's."""
         return [i * self.block_bytes for i in range(end - self.first)] + [self.tail_offset]
 
+    def reads(self, end: int) -> List[_Read]:
+        """Where each object a load ending at ``end`` takes was read: its blocks', then the tail's."""
+        return self.read_by[:end - self.first] + [self.tail[1]]
+
     def loaded(self, end: int) -> List[Tuple[str, _Read, int]]:
         """(name, where it was read, bytes) of the objects a load ending at ``end`` takes."""
         layout, count = self.cache.layout, end - self.first
-        blocks = [(key_name(k), by, layout.object_bytes(BLOCK)) for k, by in zip(self.keys[:count], self.read_by)]
-        return blocks + [(key_name(self.tail[0]), self.tail[1], layout.object_bytes(TAIL))]
+        names = [key_name(k) for k in self.keys[:count]] + [key_name(self.tail[0])]
+        sizes = [layout.object_bytes(BLOCK)] * count + [layout.object_bytes(TAIL)]
+        return list(zip(names, self.reads(end), sizes))
 
     def close(self, stream) -> None:
         """After the load is taken or given up: wait for copies never verified (the host
