@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -204,12 +205,13 @@ class TierCache:
         ``mgr.take_events()`` (pass them on to a router as well)."""
         self.poll()
         published, group, located, first = [], self._first_group_blocks, None, True
-        for ev in events:
-            if ev.kind != KvEventKind.STORED:
-                self.chain.forget(ev)
-            elif ev.role == KvRole.COMPRESS:
+        key_of, forget, stored, compress = self.chain.key_of, self.chain.forget, KvEventKind.STORED, KvRole.COMPRESS
+        for ev in events:  # (names bound above: a 128K-token prompt's save reads 8,168 events)
+            if ev.kind != stored:
+                forget(ev)
+            elif ev.role == compress:
                 data = token_bytes(ev.token_ids)
-                key = self.chain.key_of(ev, data)
+                key = key_of(ev, data)
                 if key is not None:
                     published.append((key, ev, data))
                 if len(published) == group:  # a group keyed: located, and its full pieces saved before the rest
@@ -259,13 +261,16 @@ class TierCache:
 
     def _save_objects(self, piece: _Located) -> None:
         """Gather, seal and start copying one piece's objects to the backends."""
-        keys, where, units, found, has_tail = piece.keys, piece.where, piece.units, piece.found, piece.has_tail
-        n_blocks = int(found.sum())
-        kinds = [BLOCK] * n_blocks + [TAIL] * int(has_tail.sum())
-        if not kinds:
+        where, units, found, has_tail = piece.where, piece.units, piece.found, piece.has_tail
+        keys = [k for k, f in zip(piece.keys, found.tolist()) if f]
+        n_blocks = len(keys)
+        keys += [tail_key(k) for k, t in zip(piece.keys, has_tail.tolist()) if t]
+        n_tails = len(keys) - n_blocks
+        if not keys:
             return
-        keys = [k for k, f in zip(keys, found) if f] + [tail_key(k) for k, t in zip(keys, has_tail) if t]
-        offsets, nbytes = self._offsets(kinds)
+        kinds = [BLOCK] * n_blocks + [TAIL] * n_tails
+        sizes = [self.layout.object_bytes(BLOCK)] * n_blocks + [self.layout.object_bytes(TAIL)] * n_tails
+        offsets, nbytes = self._offsets_of(sizes)
         # Gathered and sealed on the step's stream, so no later step reuses or moves the rows first.
         step = torch.cuda.current_stream(self.device) if self.cuda else None
         place, target = self.save_buffer.take(nbytes, step)
@@ -274,8 +279,7 @@ class TierCache:
         if len(kinds) > n_blocks:
             self.layout.gather(TAIL, units[torch.from_numpy(has_tail)], target, offsets[n_blocks:])
         self.layout.seal(target, kinds, keys, offsets)
-        save = _Save([key_name(k) for k in keys], [self.layout.object_bytes(k) for k in kinds], offsets,
-                     nbytes=nbytes)
+        save = _Save([key_name(k) for k in keys], sizes, offsets, nbytes=nbytes)
         with self._stream(self.side, after_current=True):
             for backend in self.backends:
                 self._copy_to_backend(save, backend, target)
@@ -539,17 +543,12 @@ class TierCache:
         self.staging.free(start, nbytes)
 
     # --- helpers ---------------------------------------------------------------------
-    def _offsets(self, kinds: List[int]):
-        """Each object's offset in a buffer of them (64-byte aligned), and the buffer's bytes."""
-        return self._offsets_of([self.layout.object_bytes(kind) for kind in kinds])
-
     @staticmethod
     def _offsets_of(sizes: List[int]):
-        offsets, total = [], 0
-        for size in sizes:
-            offsets.append(total)
-            total += aligned(size)
-        return offsets, total
+        """Each object's offset in a buffer of objects of these sizes (64-byte aligned), and the
+        buffer's bytes."""
+        offsets = [0, *itertools.accumulate(aligned(size) for size in sizes)]
+        return offsets[:-1], offsets[-1]
 
     def _stream(self, stream, after_current: bool):
         """Work on ``stream`` (after the current stream's work so far, if asked); on the CPU, inline."""

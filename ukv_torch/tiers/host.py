@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .backend import TierBackend
-from .staging import ALIGN, Staging, aligned
+from .staging import ALIGN, Staging
 
 __all__ = ["HostTier", "check_host_bytes"]
 
@@ -97,7 +97,7 @@ class HostTier(TierBackend):
         """A free range of ``size`` bytes, evicting the least recently used objects
         for it; None when even evicting every stored object would not make one
         (reserved objects stay where they are)."""
-        if aligned(size) > self.capacity_bytes:
+        if size > self.capacity_bytes:  # (a multiple of ALIGN: the same as its aligned size being larger)
             return None
         start = self._arena.take(size)
         while start is None and self._objects:
@@ -114,14 +114,14 @@ class HostTier(TierBackend):
         for size in sizes:  # all checked before anything is reserved (plain ints first: an ABC check is slow)
             if not (type(size) is int or isinstance(size, numbers.Integral) and not isinstance(size, bool)) or size < 0:
                 raise ValueError(f"HostTier.reserve: sizes must be ints >= 0, got {size!r}")
-        places = []
+        places, objects, reserved = [], self._objects, self._reserved
         for key, size in zip(keys, sizes):
-            start = None if key in self._objects or key in self._reserved else self._room(int(size))
-            if start is None:
-                places.append(None)
-                continue
-            self._reserved[key] = (start, int(size))
-            places.append((start, int(size)))
+            size = int(size)
+            start = None if key in objects or key in reserved else self._room(size)
+            place = None if start is None else (start, size)
+            if place is not None:
+                reserved[key] = place
+            places.append(place)
         return self._arena.buffer, places
 
     def commit(self, keys: Sequence[str], written: Sequence[bool]) -> None:
