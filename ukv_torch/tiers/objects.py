@@ -114,6 +114,10 @@ class ObjectLayout:
                 sizes[kind] += self._layer_bytes(kind, layer)
         self.payload_bytes = sizes
         self._calls = {kind: self._copy_calls(kind) for kind in (BLOCK, TAIL)}
+        self._firsts = {BLOCK: {}, TAIL: {}}  # per kind, each ratio's first layer: its runs are the ratio's
+        for kind, calls in self._calls.items():
+            for call in calls:
+                self._firsts[kind].setdefault(call.first.ratio, call.first)
         self._tail_templates = {}  # per compress ratio: _TailRuns
         self.device = None if kv is None else self.layers[0].planes[0].device
         self._uploads = Uploads(self.device) if self.device is not None and self.device.type == "cuda" else None
@@ -235,16 +239,9 @@ class ObjectLayout:
             return
         base = np.asarray(offsets, dtype=np.int64) + HEADER_BYTES
         where = where.numpy().astype(np.int64)
-        firsts = {}  # each ratio's first layer: its runs are every layer's of that ratio
-        for call in self._calls[kind]:
-            firsts.setdefault(call.first.ratio, call.first)
-        ratios = list(firsts)
-        runs = [self._block_runs(firsts[r], where, base) if kind == BLOCK else
-                self._tail_runs(firsts[r], where, base) for r in ratios]
-        counts = np.array([len(r) for r in runs], dtype=np.int32)
-        all_runs, all_counts = self._upload_runs(runs, counts)
-        starts = np.concatenate([[0], np.cumsum(counts)])
-        per_ratio = {r: (all_runs[starts[i]: starts[i + 1]], all_counts[i: i + 1]) for i, r in enumerate(ratios)}
+        firsts = self._firsts[kind]
+        runs_of = self._block_runs if kind == BLOCK else self._tail_runs
+        per_ratio = dict(zip(firsts, self._upload_runs([runs_of(layer, where, base) for layer in firsts.values()])))
         for call in self._calls[kind]:
             op(call.sources, *per_ratio[call.first.ratio], buffer, layer_offsets=call.layer_offsets)
 
@@ -257,17 +254,21 @@ class ObjectLayout:
             planes = [t[first::step] for t in planes]
         return planes + ([layer.indexer] if layer.indexer is not None else [])
 
-    def _upload_runs(self, runs: List[np.ndarray], counts: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The ratios' [n, 4] int64 runs, one after the other, and their int32 counts, on the
-        KV's device in one upload through page-locked memory (uploads.py): a copy from
-        pageable memory would wait for the stream's earlier work (every gather before it),
-        and each upload costs host time (a ring range, a copy, an event) whatever its size."""
-        rows = int(counts.sum())
-        padded = np.concatenate([counts, np.zeros(len(counts) % 2, np.int32)])  # whole int64 words
+    def _upload_runs(self, runs: List[np.ndarray]) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """Each ratio's [n, 4] int64 runs and its int32 [1] count, on the KV's device, all in one
+        upload through page-locked memory (uploads.py): a copy from pageable memory would wait
+        for the stream's earlier work (every gather before it), and each upload costs host time
+        (a ring range, a copy, an event) whatever its size. (Cut apart with one split each:
+        a torch slice costs the host a few microseconds, and a save makes ~20 such uploads.)"""
+        counts = [len(r) for r in runs]
+        padded = np.array(counts + [0] * (len(counts) % 2), dtype=np.int32)  # whole int64 words
         packed = torch.from_numpy(np.concatenate([r.reshape(-1) for r in runs] + [padded.view(np.int64)]))
         if self._uploads is not None:
             packed = self._uploads(packed)
-        return packed[:4 * rows].view(rows, 4), packed[4 * rows:].view(torch.int32)[:len(counts)]
+        words = 4 * sum(counts)
+        lists = packed[:words].split([4 * c for c in counts])
+        return [(run_list.view(-1, 4), count) for run_list, count in
+                zip(lists, packed[words:].view(torch.int32).split(1))]
 
     def _block_runs(self, layer: _Layer, where: np.ndarray, base: np.ndarray) -> np.ndarray:
         """Runs (tensor, first row, rows, offset) of a compress layer's rows in block objects."""
@@ -292,10 +293,10 @@ class ObjectLayout:
         tail (``_tail_template``) moved to each block's units, in every plane alike."""
         template = self._tail_template(layer.ratio)
         held = units[:, template.cols]
-        if (held < 0).any():
+        if held.min() < 0:
             raise RuntimeError("a tail object's position has no SWA page: its rows cannot be copied")
         rows = (held * template.unit_rows + template.rows).reshape(-1)
-        counts = np.broadcast_to(template.counts, held.shape).reshape(-1)
+        counts = np.repeat(template.counts[None], len(held), axis=0).reshape(-1)
         runs, offset = [], 0
         for index, row_bytes in enumerate(layer.row_bytes):
             offsets = base[:, None] + offset + template.places * row_bytes
