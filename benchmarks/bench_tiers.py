@@ -21,7 +21,9 @@ process's first save and load also take their device and pinned buffers from the
 with the garbage collector collected before and held off during it (freeing an earlier run's
 page-locked buffers unregisters them, which waits for the device: an engine's steady state makes
 and frees no TierCache). The reference copies the same number of bytes between one pinned host buffer and
-the GPU. The decode step is a stand-in of fixed GPU work
+the GPU; "arena_*_gbps" copies them into a HostTier arena as large as the saves' (the
+one the in-flight saves filled) and out of the one the loads read (where an arena's pages
+lie can make its copies slower than a fresh buffer's). The decode step is a stand-in of fixed GPU work
 (bf16 matmuls), timed with CUDA events over --steps steps, alone and while
 the saves of a whole prefix are in flight on the side stream.
 """
@@ -93,8 +95,10 @@ def quiet():
         gc.enable()
 
 
-def pinned_copy_gbps(nbytes: int, device, to_device: bool, repeats: int) -> float:
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+def pinned_copy_gbps(nbytes: int, device, to_device: bool, repeats: int, host=None) -> float:
+    """A copy of ``nbytes`` between pinned host memory (a fresh buffer, or the first bytes of
+    ``host``) and the device."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda") if host is None else host[:nbytes]
     dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
     src, dst = (host, dev) if to_device else (dev, host)
     dst.copy_(src, non_blocking=True)  # warm-up
@@ -197,6 +201,10 @@ def run_prefix(prefix: int, device, steps: int, repeats: int) -> dict:
     busy_tier.save(mgr, events)
     in_flight = decode_steps_ms(device, steps)
     busy_tier.flush()
+    # The reference copies again, between the device and the tiers' own page-locked arenas (HostTier
+    # lends its buffer: peek), which may lie elsewhere in the host's memory than a fresh pinned buffer.
+    load_arena = saver.backends[0].peek([])[0]
+    save_arena = busy_tier.backends[0].peek([])[0]
     save_bytes = saved["saved_bytes"]
     blocks = prefix // BS
     return {
@@ -206,6 +214,8 @@ def run_prefix(prefix: int, device, steps: int, repeats: int) -> dict:
         "loaded_tokens": cached, "loaded_bytes": load_bytes, "load_gbps": round(load_bytes / load_s / 1e9, 3),
         "load_gbps_list_prompt": round(load_bytes / load_list_s / 1e9, 3),
         "pinned_h2d_gbps": round(pinned_copy_gbps(load_bytes, device, True, repeats), 3),
+        "arena_d2h_gbps": round(pinned_copy_gbps(save_bytes, device, False, repeats, host=save_arena), 3),
+        "arena_h2d_gbps": round(pinned_copy_gbps(load_bytes, device, True, repeats, host=load_arena), 3),
         "host_us_per_block_saved": round(timings["save_host_s"] / blocks * 1e6, 1),
         "host_us_per_block_loaded": round(load_host_s / max(1, cached // BS) * 1e6, 1),
         "decode_step_ms": round(alone, 4), "decode_step_ms_saves_in_flight": round(in_flight, 4),
@@ -233,7 +243,8 @@ def main():
     for r in rows:
         print(f"{r['prefix_tokens']:>7} tokens: save {r['save_gbps']} GB/s (pinned D2H {r['pinned_d2h_gbps']}), "
               f"load {r['load_gbps']} GB/s ({r['load_gbps_list_prompt']} from a list; "
-              f"pinned H2D {r['pinned_h2d_gbps']}), "
+              f"pinned H2D {r['pinned_h2d_gbps']}; from and to the tiers' arenas: D2H {r['arena_d2h_gbps']}, "
+              f"H2D {r['arena_h2d_gbps']}), "
               f"host {r['host_us_per_block_saved']} "
               f"/ {r['host_us_per_block_loaded']} us per block saved / loaded, decode step {r['decode_step_ms']} ms "
               f"alone, {r['decode_step_ms_saves_in_flight']} ms with saves in flight "
