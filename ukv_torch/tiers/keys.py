@@ -38,11 +38,8 @@ __all__ = ["KEY_BYTES", "fingerprint", "root_key", "chain_keys", "tail_key", "ke
 KEY_BYTES = 16
 
 
-_sha256 = hashlib.sha256
-
-
 def _digest(data: bytes) -> bytes:
-    return _sha256(data).digest()[:KEY_BYTES]
+    return hashlib.sha256(data).digest()[:KEY_BYTES]
 
 
 def fingerprint(geometry: Sequence) -> bytes:
@@ -75,7 +72,7 @@ def chain_keys(parent: bytes, tokens, block_size: int, count: int, start: int = 
     step = 8 * block_size
     keys, key = [], parent
     for at in range(0, count * step, step):
-        key = _sha256(key + data[at: at + step]).digest()[:KEY_BYTES]
+        key = _digest(key + data[at: at + step])
         keys.append(key)
     return keys
 

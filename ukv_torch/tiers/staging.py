@@ -73,7 +73,7 @@ class Staging:
 
     def take(self, n: int) -> Optional[int]:
         """The start of a free range of ``n`` bytes, or None when none is that large."""
-        n = -(-n // ALIGN) * ALIGN  # aligned(n), without a call: a save takes a range per object
+        n = aligned(n)
         for i, (start, length) in enumerate(self._free):
             if length >= n:
                 if length == n:
