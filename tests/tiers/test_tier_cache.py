@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ukv_torch.tiers import TierCache
+from ukv_torch.tiers.fetch import ObjectFetch
 from ukv_torch.tiers.keys import chain_keys, key_name, root_key, tail_key
 from ukv_torch.tiers.objects import BLOCK, TAIL
 from ukv_torch.tiers.staging import aligned
@@ -43,6 +44,20 @@ def test_a_load_read_in_pieces_restores_every_piece(piece_blocks, device, monkey
     monkeypatch.setattr("ukv_torch.tiers.cache._LOAD_PIECE_BLOCKS", piece_blocks)
     monkeypatch.setattr("ukv_torch.tiers.cache._FIRST_LOAD_PIECE_BLOCKS", min(4, piece_blocks))
     restores_across_layouts("row_space", "elastic", 0, device)
+
+
+@pytest.mark.parametrize("landed, count, early", [
+    ([4, 36, 68, 100], 100, 68),   # the last read's blocks go in the second write
+    ([4, 36, 68, 100], 70, 36),    # a load ending inside a read: at least a tenth (7) left for the second
+    ([4, 36], 36, 4),
+    ([4], 4, 0),                   # one read: one write
+    ([1, 2, 3, 4, 5], 5, 4),
+    ([], 9, 0)])                   # no events (the CPU): one write
+def test_a_load_writes_its_earlier_reads_first_and_leaves_a_tenth_for_the_last(landed, count, early):
+    """landed_before_last: the furthest end of a read at or before count - max(1, count // 10)."""
+    fetch = ObjectFetch.__new__(ObjectFetch)
+    fetch._landing = [(blocks, None) for blocks in landed]
+    assert fetch.landed_before_last(count) == early
 
 
 @pytest.mark.gpu

@@ -21,11 +21,12 @@
   ones), copied to the KV's device (straight out of a HostTier's memory).
   The request is admitted with that prefix as computed
   (``KvManager.allocate(loaded_tokens=...)``: the same promise and refusals)
-  and its rows are written on the step's stream once the copies land, while
-  the objects are verified on the device; admit returns once they are. A
-  missing, truncated, foreign or corrupt object ends the loaded prefix
-  before it (the rest is prompt): the admission is then made again with the
-  sound prefix, so the answer the engine gets is final.
+  and its rows are written once the copies land, on a stream the step's
+  stream then waits for, while the objects are verified on the device;
+  admit returns once they are. A missing, truncated, foreign or corrupt
+  object ends the loaded prefix before it (the rest is prompt): the
+  admission is then made again with the sound prefix, so the answer the
+  engine gets is final.
 """
 from __future__ import annotations
 
@@ -55,10 +56,10 @@ _STAGING_OBJECTS = 64  # default staging: at least this many objects of the larg
 # A load's first blocks are read as soon as their keys are found, so their copies start after a few
 # keys' host work; the rest are chained, looked up and read _LOAD_PIECE_BLOCKS at a time while the
 # earlier ones are copied (chaining a 32K-token prompt's keys first delayed the copies by ~0.9 ms of an
-# H100 host). Every block is read before the admission, so the rows are written in one call behind the
-# device's wait for the last copy: a write costs ~0.45 ms of host time whatever its length, and writes of
-# 64 blocks each, all made after the reads, left ~1.4 ms more host work after the last copy of a
-# 32K-token load (H200 trace).
+# H100 host). Every block is read before the admission, so the rows are written in two calls behind the
+# device's waits for the copies (_write_rows): a write costs ~0.45 ms of host time whatever its length,
+# and writes of 64 blocks each, all made after the reads, left ~1.4 ms more host work after the last copy
+# of a 32K-token load (H200 trace).
 _FIRST_LOAD_PIECE_BLOCKS, _LOAD_PIECE_BLOCKS = 4, 32
 _TAIL_BATCH = 8  # tail objects looked up at once, from the load's furthest end down
 # A save goes in pieces of at most this many bytes of objects: the copy of one piece to host memory
@@ -185,9 +186,13 @@ class TierCache:
         self._group_blocks = max(1, self._piece_bytes // block)
         for b in backends:
             b.register_buffer(self.staging.buffer)
-        # Saves and loads on streams of their own: a load waits for its copies only, not for saves.
+        # Saves and loads on streams of their own: a load waits for its copies only, not for saves. A load's
+        # rows are written on a third one, ordered after the step's earlier work (and the step after it):
+        # written on the step's stream, they waited for every copy the load had queued (an H100 trace); on
+        # a stream of the cache's own, its uploads and row copies ran between the load's copies (H200 trace).
         self.side = torch.cuda.Stream(self.device) if self.cuda else None
         self.load_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.write_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.chain = KeyChain(layout.fingerprint, limit=4 * plan.pools.num_logical_blocks + 1024)
         bs, page = self.config.block_size, self.config.swa_page
         self._ppb = bs // page
@@ -352,15 +357,16 @@ class TierCache:
 
         The objects are copied to the KV's device on a stream of their own. The
         sequence is admitted with them as computed as soon as the load's end is
-        known, and its rows are written from the objects on the current stream
-        once their copies land (after the row copies its admission made, which
-        admit stages and applies as ``KvReceiver`` does: call it between steps,
-        on the stream the steps run on). Admit returns once the objects are
-        verified on the device, so it takes about the PCIe time of the bytes. A
-        missing, truncated, foreign or corrupt object ends the loaded prefix
-        before it: then the sequence is freed (once the current stream has
-        written what it was given) and admitted again with the sound prefix, so
-        the answer is final and only verified KV is ever computed on.
+        known, and its rows are written from the objects once their copies land,
+        on a stream the current stream then waits for (after the row copies its
+        admission made, which admit stages and applies as ``KvReceiver`` does:
+        call it between steps, on the stream the steps run on). Admit returns
+        once the objects are verified on the device, so it takes about the PCIe
+        time of the bytes. A missing, truncated, foreign or corrupt object ends
+        the loaded prefix before it: then the sequence is freed (once the
+        current stream has written what it was given) and admitted again with
+        the sound prefix, so the answer is final and only verified KV is ever
+        computed on.
 
         The first admission turns the manager's whole chunks on
         (``KvManager.set_whole_chunks``), which keeps a reserve of SWA pages
@@ -373,6 +379,8 @@ class TierCache:
         if span is None:
             return mgr.allocate(seq_id, tokens, salt=salt)
         step = torch.cuda.current_stream(self.device) if self.cuda else None
+        if step is not None:  # the rows' writes follow the step's work so far (queued before any copy)
+            self.write_stream.wait_stream(step)
         with self._stream(self.load_stream, after_current=False):
             fetch = ObjectFetch(self, *span)
             try:
@@ -409,6 +417,7 @@ class TierCache:
         for end, key in self._tail_ends(fetch.keys, first):
             if end > top or not fetch.read_tail(key):
                 continue
+            check = fetch.start_verify(end)
             cached = mgr.allocate(seq_id, tokens, salt=salt, loaded_tokens=end * bs)
             if cached < 0 or cached <= first * bs:  # refused, or admitted with the HBM hit alone
                 return cached
@@ -416,7 +425,7 @@ class TierCache:
             if cached == end * bs:
                 try:
                     self._write_rows(mgr, seq_id, fetch, end, step)
-                    sound, tail_sound = fetch.verify(end)
+                    sound, tail_sound = fetch.finish_verify(check)
                 except BaseException:  # the admission is undone (once the rows' writes ran), then the error
                     self._give_back(mgr, seq_id, step)
                     raise
@@ -473,24 +482,36 @@ class TierCache:
 
     def _write_rows(self, mgr, seq_id: int, fetch: ObjectFetch, end: int, step) -> None:
         """Write blocks [first, end)'s objects, with the tail, into the rows the sequence was
-        just given, on the step's stream, after the row copies its admission made, behind
-        the device's wait for their copies (no host wait)."""
+        just given, on the write stream (the step's stream then waits for it), after the row
+        copies its admission made, behind the device's wait for their copies (no host wait).
+        The blocks go in two calls: those whose copies land before the last read's are
+        written while that read is still copied, so the write left after the last copy is
+        short (a write's host time, ~0.45 ms on an H200 host whatever its length, allows
+        no more calls)."""
         first, planes, count = fetch.first, getattr(self.kv, "planes", ()), end - fetch.first
-        with self._stream(step, after_current=False):
-            mgr.stage([seq_id])  # takes the unit moves this admission made (row space) ...
-            mgr.upload(1)
-            if planes:           # ... and makes them before any row is written
-                apply_row_copies(list(planes), mgr.row_copies, mgr.row_copy_counts)
-            tables = [mgr.logical_table(seq_id)] + [mgr.phys_table(seq_id, t) for t in range(self._tables)]
-            where = torch.stack([t[first:end] for t in tables], dim=1)
-            units = mgr.staged_swa_table(seq_id)[(end - 1) * self._ppb: end * self._ppb].view(1, -1)
-            offsets = fetch.offsets(end)
-            fetch.wait(step, count)
-            self.layout.scatter(BLOCK, where, fetch.source, offsets[:count])
-            fetch.wait(step, count, tail=True)
-            self.layout.scatter(TAIL, units, fetch.source, offsets[-1:])
+        writes = self.write_stream
+        try:
+            with self._stream(writes, after_current=False):
+                mgr.stage([seq_id])  # takes the unit moves this admission made (row space) ...
+                mgr.upload(1)
+                if planes:           # ... and makes them before any row is written
+                    apply_row_copies(list(planes), mgr.row_copies, mgr.row_copy_counts)
+                tables = [mgr.logical_table(seq_id)] + [mgr.phys_table(seq_id, t) for t in range(self._tables)]
+                where = torch.stack([t[first:end] for t in tables], dim=1)
+                units = mgr.staged_swa_table(seq_id)[(end - 1) * self._ppb: end * self._ppb].view(1, -1)
+                offsets = fetch.offsets(end)
+                early = fetch.landed_before_last(count)
+                for lo, hi in ((0, early), (early, count)):
+                    if hi > lo:
+                        fetch.wait(writes, hi)
+                        self.layout.scatter(BLOCK, where[lo:hi], fetch.source, offsets[lo:hi])
+                fetch.wait(writes, count, tail=True)
+                self.layout.scatter(TAIL, units, fetch.source, offsets[-1:])
+                if writes is not None:
+                    fetch.source.record_stream(writes)  # read there after admit returns
+        finally:
             if step is not None:
-                fetch.source.record_stream(step)  # read there after admit returns
+                step.wait_stream(writes)  # the step reads the rows after they are written
 
     def _took(self, fetch: ObjectFetch, end: int) -> None:
         """Count a load and its objects by the backend that had them, and copy those a

@@ -55,6 +55,14 @@ class _Read(NamedTuple):
         return self.host[self.start: self.start + size]
 
 
+class _Check(NamedTuple):
+    """A verification under way: the load end it checks, the keys of its objects (blocks,
+    then the tail), and per object whether it is sound (a bool tensor on the device)."""
+    end: int
+    keys: List[bytes]
+    sound: torch.Tensor
+
+
 class ObjectFetch:
     """Block objects of blocks [first, last) and one tail object, read from the cache's
     backends (searched in order) into one buffer on the KV's device: block b's at
@@ -116,6 +124,14 @@ class ObjectFetch:
         event = next(e for blocks, e in self._landing if blocks >= count)
         stream.wait_event(event)
 
+    def landed_before_last(self, count: int) -> int:
+        """How many of the first ``count`` blocks arrive with an earlier read than the last
+        one among them, leaving the last at least a tenth of them (a write of the rest
+        then runs while that read is copied, which takes ~9x as long as the write); 0
+        where no read ends there (one write, as on the CPU)."""
+        ends = [blocks for blocks, _ in self._landing if blocks <= count - max(1, count // 10)]
+        return ends[-1] if ends else 0
+
     def _read(self, names: List[str], size: int, offsets: List[int]) -> List[Optional[_Read]]:
         """Each object from the first backend that holds it whole (``size`` bytes), its copy to
         its offset of ``source`` started: where it was read, or None."""
@@ -153,19 +169,24 @@ class ObjectFetch:
                 self.rejected.discard(names[i])
         return out
 
-    def verify(self, end: int) -> Tuple[int, bool]:
-        """Verify blocks [first, end) (those not verified yet) and the tail in place on the
-        device, waiting for the copies: (the end of the sound blocks from the first, at most
-        ``end``; whether the tail is)."""
+    def start_verify(self, end: int) -> "_Check":
+        """Start verifying blocks [first, end) (those not verified yet) and the tail in place
+        on the device, on the current stream (after the copies): :meth:`finish_verify`
+        waits for the answer. Started before the rows are claimed and written, it runs as
+        the last copy lands, not after the host work of the writes."""
         todo = range(self.verified, end - self.first)
         kinds = [BLOCK] * len(todo) + [TAIL]
         keys = [self.keys[i] for i in todo] + [self.tail[0]]
         offsets = [i * self.block_bytes for i in todo] + [self.tail_offset]
-        sound = self.cache.layout.verify(self.source, kinds, keys, offsets).tolist()  # waits for this stream
-        self.rejected.update(key_name(k) for k, ok in zip(keys, sound) if not ok)
-        bad = next((j for j, ok in enumerate(sound[:-1]) if not ok), len(todo))
-        self.verified += bad
-        return self.first + min(self.verified, end - self.first), bool(sound[-1])
+        return _Check(end, keys, self.cache.layout.verify(self.source, kinds, keys, offsets))
+
+    def finish_verify(self, check: "_Check") -> Tuple[int, bool]:
+        """Wait for a verification: (the end of the sound blocks from the first, at most its
+        ``end``; whether the tail is)."""
+        sound = check.sound.tolist()  # waits for the stream it went on
+        self.rejected.update(key_name(k) for k, ok in zip(check.keys, sound) if not ok)
+        self.verified += next((j for j, ok in enumerate(sound[:-1]) if not ok), len(sound) - 1)
+        return self.first + min(self.verified, check.end - self.first), bool(sound[-1])
 
     def offsets(self, end: int) -> List[int]:
         """The offsets in ``source`` of blocks [first, end)'s objects, then the tail's."""
