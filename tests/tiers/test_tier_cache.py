@@ -5,6 +5,7 @@ found unsound after its admission given back, saves refused while row copies
 are pending, and tails at every block boundary of a prompt prefilled under
 memory pressure (whole chunks), saved before the next step reuses their rows."""
 import gc
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 from ukv_torch.tiers import TierCache
 from ukv_torch.tiers.fetch import ObjectFetch
 from ukv_torch.tiers.keys import chain_keys, key_name, root_key, tail_key
-from ukv_torch.tiers.objects import BLOCK, TAIL
+from ukv_torch.tiers.objects import BLOCK, TAIL, ObjectLayout
 from ukv_torch.tiers.staging import aligned
 
 from support.devices import DEVICES
@@ -233,7 +234,7 @@ def test_a_backend_that_raises_mid_load_leaves_no_admission_behind():
                 raise RuntimeError("the store went away")
             return peek(keys)
 
-        def failing_scatter(*args):
+        def failing_scatter(*args, **kwargs):
             raise RuntimeError("the store went away")
 
         if where == "read":
@@ -251,6 +252,23 @@ def test_a_backend_that_raises_mid_load_leaves_no_admission_behind():
         after = b.mgr.stats()
         assert {k: after[k] for k in ("num_sequences", "free_logical_blocks", "free_swa_slots")} == \
             {k: before[k] for k in ("num_sequences", "free_logical_blocks", "free_swa_slots")}
+
+
+def test_a_load_uploads_each_write_s_run_lists_before_it_waits_for_the_copies(monkeypatch):
+    """Each write of a load: its run lists' upload, then the stream's wait for the copies it
+    reads, then its copies; an upload queued behind the wait would start only once the
+    copies landed."""
+    tier = host()
+    _, p = saved_engine("row_space", tier)
+    b = TierEngine("elastic", [tier], seed=9)
+    log = []
+    upload, wait = ObjectLayout._upload_runs, ObjectFetch.wait
+    monkeypatch.setattr(ObjectLayout, "_upload_runs", lambda self, runs: log.append("upload") or upload(self, runs))
+    monkeypatch.setattr(ObjectFetch, "wait", lambda self, *args, **kw: log.append("wait") or wait(self, *args, **kw))
+    monkeypatch.setattr("ukv_torch.tiers.objects.scatter_rows", lambda *args, **kw: log.append("copy"))
+    assert b.tiers.admit(b.mgr, 3, p) > 0
+    writes = "".join("U" if e == "upload" else "W" if e == "wait" else "c" for e in log)
+    assert writes and re.fullmatch(r"(UWc+)+", writes), writes
 
 
 def test_a_row_space_kv_without_its_planes_is_refused_by_name():

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -484,10 +485,11 @@ class TierCache:
         """Write blocks [first, end)'s objects, with the tail, into the rows the sequence was
         just given, on the write stream (the step's stream then waits for it), after the row
         copies its admission made, behind the device's wait for their copies (no host wait).
-        The blocks go in two calls: those whose copies land before the last read's are
-        written while that read is still copied, so the write left after the last copy is
-        short (a write's host time, ~0.45 ms on an H200 host whatever its length, allows
-        no more calls)."""
+        The blocks go in two calls (``ObjectFetch.landed_before_last``): those of the reads
+        that end at least a tenth of the blocks before the last are written while the rest
+        are still copied, so the write left after the last copy is short (a write's host
+        time, ~0.45 ms on an H200 host whatever its length, allows no more calls). Each
+        call's run lists are uploaded before its wait for the copies."""
         first, planes, count = fetch.first, getattr(self.kv, "planes", ()), end - fetch.first
         writes = self.write_stream
         try:
@@ -503,10 +505,10 @@ class TierCache:
                 early = fetch.landed_before_last(count)
                 for lo, hi in ((0, early), (early, count)):
                     if hi > lo:
-                        fetch.wait(writes, hi)
-                        self.layout.scatter(BLOCK, where[lo:hi], fetch.source, offsets[lo:hi])
-                fetch.wait(writes, count, tail=True)
-                self.layout.scatter(TAIL, units, fetch.source, offsets[-1:])
+                        self.layout.scatter(BLOCK, where[lo:hi], fetch.source, offsets[lo:hi],
+                                            ready=functools.partial(fetch.wait, writes, hi))
+                self.layout.scatter(TAIL, units, fetch.source, offsets[-1:],
+                                    ready=functools.partial(fetch.wait, writes, count, tail=True))
                 if writes is not None:
                     fetch.source.record_stream(writes)  # read there after admit returns
         finally:

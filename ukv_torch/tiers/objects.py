@@ -32,7 +32,7 @@ repeats.
 from __future__ import annotations
 
 import struct
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -227,11 +227,15 @@ class ObjectLayout:
         ``[n, pages_per_block]``, -1 for a page holding no tail position)."""
         self._copy(gather_rows, kind, where, buffer, offsets)
 
-    def scatter(self, kind: int, where: torch.Tensor, buffer: torch.Tensor, offsets: Sequence[int]) -> None:
-        """The inverse of :meth:`gather`: payloads into the rows ``where`` names."""
-        self._copy(scatter_rows, kind, where, buffer, offsets)
+    def scatter(self, kind: int, where: torch.Tensor, buffer: torch.Tensor, offsets: Sequence[int],
+                ready: Optional[Callable[[], None]] = None) -> None:
+        """The inverse of :meth:`gather`: payloads into the rows ``where`` names. ``ready``,
+        if given, is called once the run lists' upload is queued and before the copies:
+        the stream's wait for the payloads to land (the upload then does not wait too)."""
+        self._copy(scatter_rows, kind, where, buffer, offsets, ready)
 
-    def _copy(self, op, kind: int, where: torch.Tensor, buffer: torch.Tensor, offsets: Sequence[int]) -> None:
+    def _copy(self, op, kind: int, where: torch.Tensor, buffer: torch.Tensor, offsets: Sequence[int],
+              ready: Optional[Callable[[], None]] = None) -> None:
         """One call per group of alike layers (``_copy_calls``): the layers of a ratio share
         their runs, each layer's bytes at its offset in the objects. Every ratio's runs
         go to the device in one upload (an upload costs more host time than its bytes)."""
@@ -242,6 +246,8 @@ class ObjectLayout:
         firsts = self._firsts[kind]
         runs_of = self._block_runs if kind == BLOCK else self._tail_runs
         per_ratio = dict(zip(firsts, self._upload_runs([runs_of(layer, where, base) for layer in firsts.values()])))
+        if ready is not None:
+            ready()
         for call in self._calls[kind]:
             op(call.sources, *per_ratio[call.first.ratio], buffer, layer_offsets=call.layer_offsets)
 
