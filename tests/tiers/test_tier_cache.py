@@ -40,11 +40,46 @@ def test_any_layout_restores_the_rows_another_saved(saver, loader, page):
 @pytest.mark.parametrize("piece_blocks", [1, 2, 3, 32])
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_load_read_in_pieces_restores_every_piece(piece_blocks, device, monkeypatch):
-    """The 5 blocks read piece_blocks at a time after the first 4 (or fewer): the same rows
-    as a load in one piece."""
+    """The 5 blocks read in pieces of at most piece_blocks (the first of up to 4): the same
+    rows as a load in one piece."""
     monkeypatch.setattr("ukv_torch.tiers.cache._LOAD_PIECE_BLOCKS", piece_blocks)
     monkeypatch.setattr("ukv_torch.tiers.cache._FIRST_LOAD_PIECE_BLOCKS", min(4, piece_blocks))
     restores_across_layouts("row_space", "elastic", 0, device)
+
+
+def doubling_pieces(first_piece: int, largest: int, blocks: int):
+    """The reads a load of ``blocks`` blocks makes: first_piece, then each twice the one before, at most
+    ``largest``, the last one what is left."""
+    out, size = [], first_piece
+    while sum(out) < blocks:
+        out.append(min(size, blocks - sum(out)))
+        size = min(2 * size, largest)
+    return out
+
+
+@pytest.mark.parametrize("first_piece, largest", [(1, 4), (4, 32), (2, 2)])
+@pytest.mark.parametrize("step_tokens", [1024, 64])
+def test_a_load_reads_pieces_that_double_and_none_past_the_manager_s_bound(first_piece, largest, step_tokens,
+                                                                             monkeypatch):
+    """A 15-block prefix is read first_piece blocks first, then in pieces twice as large
+    as the one before up to the largest, each piece's blocks read in one call; with a
+    64-token step the manager binds 14 blocks (see the test below), and no block past them
+    is read."""
+    monkeypatch.setattr("ukv_torch.tiers.cache._FIRST_LOAD_PIECE_BLOCKS", first_piece)
+    monkeypatch.setattr("ukv_torch.tiers.cache._LOAD_PIECE_BLOCKS", largest)
+    reads = []
+    blocks = ObjectFetch.blocks
+    monkeypatch.setattr(ObjectFetch, "blocks", lambda self, keys, names: reads.append(len(keys)) or
+                        blocks(self, keys, names))
+    tier = host()
+    a = TierEngine("row_space", [tier])
+    p = prompt(1, 15 * BS + 1)
+    assert a.prefill(0, p) == 0
+    reads.clear()
+    b = TierEngine("row_space", [tier], seed=9, max_num_batched_tokens=step_tokens)
+    bound = b.mgr.can_allocate(p, loaded_tokens=15 * BS) // BS
+    assert b.tiers.admit(b.mgr, 3, p) == bound * BS
+    assert reads == doubling_pieces(first_piece, largest, bound)
 
 
 @pytest.mark.parametrize("landed, count, early", [

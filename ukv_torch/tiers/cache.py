@@ -55,12 +55,13 @@ __all__ = ["TierCache"]
 
 _STAGING_OBJECTS = 64  # default staging: at least this many objects of the larger kind
 # A load's first blocks are read as soon as their keys are found, so their copies start after a few
-# keys' host work; the rest are chained, looked up and read _LOAD_PIECE_BLOCKS at a time while the
-# earlier ones are copied (chaining a 32K-token prompt's keys first delayed the copies by ~0.9 ms of an
-# H100 host). Every block is read before the admission, so the rows are written in two calls behind the
-# device's waits for the copies (_write_rows): a write costs ~0.45 ms of host time whatever its length,
-# and writes of 64 blocks each, all made after the reads, left ~1.4 ms more host work after the last copy
-# of a 32K-token load (H200 trace).
+# keys' host work; the rest are chained, looked up and read in pieces that double up to
+# _LOAD_PIECE_BLOCKS while the earlier ones are copied (chaining a 32K-token prompt's keys first delayed
+# the copies by ~0.9 ms of an H100 host; a 32-block read right after the first 4 blocks left the device
+# idle for its host time). Every block is read before the admission, so the rows are written in two
+# calls behind the device's waits for the copies (_write_rows): a write costs ~0.45 ms of host time
+# whatever its length, and writes of 64 blocks each, all made after the reads, left ~1.4 ms more host
+# work after the last copy of a 32K-token load (H200 trace).
 _FIRST_LOAD_PIECE_BLOCKS, _LOAD_PIECE_BLOCKS = 4, 32
 _TAIL_BATCH = 8  # tail objects looked up at once, from the load's furthest end down
 # A save goes in pieces of at most this many bytes of objects: the copy of one piece to host memory
@@ -448,11 +449,13 @@ class TierCache:
 
     def _read_held(self, fetch: ObjectFetch, tokens: torch.Tensor, salt: Salt) -> int:
         """Read blocks [first, last) as their keys are chained and found, up to the first one
-        no backend holds whole: the first few at once, so the copies start after a few keys'
-        host work, then _LOAD_PIECE_BLOCKS at a time while the earlier ones are copied. The
-        end of the blocks read (``fetch.keys`` holds their keys). All are read before the
-        admission: _span checked that the manager admits up to ``last`` now, and the rows'
-        writes then wait for nothing but copies already under way."""
+        no backend holds whole: the first _FIRST_LOAD_PIECE_BLOCKS at once, so the copies
+        start after a few keys' host work, then pieces twice as large as the one before, up
+        to _LOAD_PIECE_BLOCKS, each read while the earlier ones are copied (a block's read
+        takes a third of its copy's time, so the device waits little for each next piece,
+        where one large read after the first few left it idle). The end of the blocks read (``fetch.keys`` holds their keys). All are read
+        before the admission: _span checked that the manager admits up to ``last`` now, and
+        the rows' writes then wait for nothing but copies already under way."""
         bs, first, last = self.config.block_size, fetch.first, fetch.last
         parent = root_key(self.layout.fingerprint, salt)
         if first:
@@ -466,7 +469,7 @@ class TierCache:
             found = present.index(False) if False in present else len(keys)
             if (fetch.blocks(keys[:found], names[:found]) if found else 0) < count:
                 break  # one not held, or read and not whole: no load goes past it
-            parent, count = keys[-1], min(_LOAD_PIECE_BLOCKS, last - start - count)
+            parent, count = keys[-1], min(2 * count, _LOAD_PIECE_BLOCKS, last - start - count)
         return first + len(fetch.keys)
 
     def _tail_ends(self, held: List[bytes], first: int):
