@@ -4,8 +4,8 @@
 # result per stage in $OUT/summary.txt. A failed stage is recorded and the next
 # one still runs; the exit status is non-zero if any stage failed.
 #   OUT=build/gpu-suite bash benchmarks/gpu_suite.sh tests bench demo sanitize tp
-# Stages: tests (pytest -m gpu), bench (bench_kernels.py), tiers (bench_tiers.py and the example's
-# host tier on CUDA), host (bench_host_cost.py:
+# Stages: tests (pytest -m gpu), bench (bench_kernels.py), tiers (bench_tiers.py, trace_tier_load.py:
+# where a load's time goes, and the example's host tier on CUDA), host (bench_host_cost.py:
 # where an eager call's host time goes), ncu (every index kernel's GPU time), demo (the demo on
 # CUDA with the captured decode graph), sanitize (compute-sanitizer memcheck +
 # racecheck over the GPU index and manager tests), tp (the tensor-parallel
@@ -52,6 +52,7 @@ for s in "$@"; do
     demo) stage demo python3 -m ukv_torch.demo --device cuda --json --plot "$OUT/demo_cuda.png" ;;
     tiers)  # KV tier save/load against pinned copies, host cost per block, decode with saves in flight
       stage tiers python3 benchmarks/bench_tiers.py --device cuda --prefixes 32768,131072 --json
+      stage tiers-trace python3 benchmarks/trace_tier_load.py --device cuda
       stage tiers-example python3 examples/engine_loop.py --device cuda --tier host ;;
     sanitize)
       stage memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu $SANITIZED

@@ -1,0 +1,145 @@
+"""Where a KV tier load's time goes: bench_tiers.py's "load", step by step.
+
+A fresh manager admits a prefix a host tier holds (bench_tiers.py's model,
+layout and prefill) through TierCache.admit, then stages its first chunk, as
+the benchmark's load does. This stamps on the host when each step of the load
+starts and ends (perf_counter), and on the GPU when each read's copies landed
+(timing events in place of the load's own), in microseconds from admit's
+start: medians of --repeats runs after two unmeasured ones. Beside them, the
+floor: a pinned copy of the same bytes to the GPU, in the same run.
+
+The steps: the span (the HBM hit and the manager's bound: two can_allocate),
+the reads (each read's copies queued, then landed on the GPU), the tail's
+read, the verification queued, the claim (allocate), the rows' writes (each
+scatter call: its run lists, uploads and copy calls), the verification's
+answer, the bookkeeping of the loaded objects, the staging given back, and the
+first chunk staged.
+A load is at the copy's speed when the host's steps end before the last copy
+lands and the steps after it are short.
+
+    python benchmarks/trace_tier_load.py [--device cuda|cpu] [--prefix 32768] [--repeats 7]
+"""
+import argparse
+import collections
+import contextlib
+import gc
+import statistics
+import time
+
+import torch
+
+import bench_tiers
+from ukv_torch import KvManager, apply_row_copies
+from ukv_torch.manager.kv_manager import token_tensor
+from ukv_torch.tiers import HostTier, ObjectLayout, TierCache
+from ukv_torch.tiers.fetch import ObjectFetch
+
+#: the steps stamped: (class, method)
+STEPS = [(TierCache, "_span"), (TierCache, "_read_held"), (ObjectFetch, "read_tail"), (ObjectFetch, "start_verify"),
+         (KvManager, "allocate"), (TierCache, "_write_rows"), (ObjectLayout, "scatter"),
+         (ObjectFetch, "finish_verify"), (TierCache, "_took"), (ObjectFetch, "close")]
+
+
+@contextlib.contextmanager
+def stamped(stamps: list, cuda: bool, landed: list):
+    """Within it, each step's calls append (name, "starts", t) and (name, "ends", t) to
+    ``stamps``; on CUDA each read's landing event is a timing one, kept in ``landed``."""
+    originals = [(cls, name, cls.__dict__[name]) for cls, name in STEPS]
+    originals.append((ObjectFetch, "_recorded", ObjectFetch.__dict__["_recorded"]))
+
+    def wrapped(name, method):
+        def call(*args, **kwargs):
+            stamps.append((name, "starts", time.perf_counter()))
+            try:
+                return method(*args, **kwargs)
+            finally:
+                stamps.append((name, "ends", time.perf_counter()))
+        return call
+
+    def timed_event():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        landed.append(event)
+        stamps.append(("read", "copies queued", time.perf_counter()))
+        return event
+
+    try:
+        for cls, name, method in originals[:-1]:
+            setattr(cls, name, wrapped(name, method))
+        if cuda:
+            ObjectFetch._recorded = staticmethod(timed_event)
+        yield
+    finally:
+        for cls, name, method in originals:
+            setattr(cls, name, method)
+
+
+def load_once(plan, kv, loader, prompt, device, stamps, landed):
+    """One load as bench_tiers.time_load makes it: (host stamps, device landing times), in
+    microseconds from admit's start."""
+    cuda = device.type == "cuda"
+    mgr = KvManager(plan, device=device if cuda else None)
+    stamps.clear()
+    landed.clear()
+    bench_tiers.sync(device)
+    with bench_tiers.quiet():
+        start = torch.cuda.Event(enable_timing=True) if cuda else None
+        if cuda:
+            start.record(loader.load_stream)  # idle: it runs as admit starts
+        t0 = time.perf_counter()
+        cached = loader.admit(mgr, 1, prompt)
+        stamps.append(("admit", "returned", time.perf_counter()))
+        mgr.ensure_for_tokens([1], [min(bench_tiers.CHUNK, len(prompt) - cached)])
+        mgr.stage([1])
+        if kv.planes:
+            apply_row_copies(list(kv.planes), mgr.row_copies, mgr.row_copy_counts)
+        stamps.append(("first chunk", "staged", time.perf_counter()))
+        bench_tiers.sync(device)
+        stamps.append(("device", "synchronized", time.perf_counter()))
+    seen = collections.Counter()
+    steps = {}
+    for name, edge, t in stamps:
+        seen[name, edge] += 1
+        steps[f"{name} #{seen[name, edge]} {edge}"] = (t - t0) * 1e6
+    for i, event in enumerate(landed):
+        steps[f"GPU: read {i + 1}'s copies landed"] = start.elapsed_time(event) * 1e3
+    mgr.deallocate([1])
+    return steps
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--prefix", type=int, default=32768, help="prefix length in tokens")
+    ap.add_argument("--repeats", type=int, default=7, help="timed loads (their medians)")
+    args = ap.parse_args()
+    if args.repeats < 1 or args.prefix < 2 * bench_tiers.BS:
+        ap.error(f"--repeats must be >= 1 and --prefix >= {2 * bench_tiers.BS}")
+    device = torch.device(args.device)
+    plan, kv = bench_tiers.setup(args.prefix, device)
+    tokens = torch.randint(0, 100000, (args.prefix + 1,), generator=torch.Generator().manual_seed(args.prefix)).tolist()
+    sizes = ObjectLayout(plan)
+    pair = sizes.object_bytes(0) + sizes.object_bytes(1)
+    staging = (args.prefix // bench_tiers.BS + 2) * pair
+    saver = TierCache(plan, kv, [HostTier(3 * staging)], staging_bytes=staging)
+    mgr = KvManager(plan, device=device if device.type == "cuda" else None)
+    bench_tiers.prefill(mgr, kv, saver, 0, tokens, dict(save_host_s=0.0))
+    loader = TierCache(plan, kv, saver.backends, staging_bytes=staging)
+    prompt = token_tensor(tokens)
+    stamps, landed, runs = [], [], collections.defaultdict(list)
+    with stamped(stamps, device.type == "cuda", landed):
+        for run in range(2 + args.repeats):
+            steps = load_once(plan, kv, loader, prompt, device, stamps, landed)
+            for name, us in steps.items():
+                if run >= 2:
+                    runs[name].append(us)
+    loaded = loader.stats()["loaded_bytes"] // (2 + args.repeats)
+    copy_us = loaded / (bench_tiers.pinned_copy_gbps(loaded, device, True, args.repeats) * 1e9) * 1e6
+    print(f"{args.prefix}-token prefix, {loaded / 2**20:.1f} MiB loaded on {device}; medians of {args.repeats} loads, "
+          f"us from admit's start (a pinned copy of the bytes: {copy_us:.0f} us)")
+    for name, values in sorted(runs.items(), key=lambda item: statistics.median(item[1])):
+        print(f"{statistics.median(values):9.0f}  {name}")
+
+
+if __name__ == "__main__":
+    main()
