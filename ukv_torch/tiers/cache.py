@@ -453,9 +453,10 @@ class TierCache:
         start after a few keys' host work, then pieces twice as large as the one before, up
         to _LOAD_PIECE_BLOCKS, each read while the earlier ones are copied (a block's read
         takes a third of its copy's time, so the device waits little for each next piece,
-        where one large read after the first few left it idle). The end of the blocks read (``fetch.keys`` holds their keys). All are read
-        before the admission: _span checked that the manager admits up to ``last`` now, and
-        the rows' writes then wait for nothing but copies already under way."""
+        where one large read after the first few left it idle). The end of the blocks read
+        (``fetch.keys`` holds their keys). All are read before the admission: _span checked
+        that the manager admits up to ``last`` now, and the rows' writes then wait for
+        nothing but copies already under way."""
         bs, first, last = self.config.block_size, fetch.first, fetch.last
         parent = root_key(self.layout.fingerprint, salt)
         if first:
