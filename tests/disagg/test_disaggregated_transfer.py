@@ -120,6 +120,34 @@ def test_the_sequence_moves_in_pieces_of_whole_layers_through_the_buffers(endpoi
     sender.close()
 
 
+def test_a_staging_receiver_answers_the_ping_before_it_takes_its_rows(endpoints, monkeypatch):
+    """The rows the staged pieces are scattered into are taken after the pong, while the
+    first piece is written: the sender's first write waits for the pong only."""
+    from ukv_torch.disagg.kv_regions import KvRegions
+    a, b = pool("row_space", seed=1), pool("elastic", seed=2)
+    prefill(a, SENT, prompt(700))
+    expected = a.sequence_bytes(SENT)
+    sender, receiver = sides(endpoints, a, b, staging=(STAGED, STAGED))
+    sent = recorded(monkeypatch)
+    rows_of = KvRegions.sequence_rows
+
+    def taking_rows(regions, *args, **kwargs):
+        if regions is receiver.regions:
+            sent.append(dict(type="receiver's rows"))
+        return rows_of(regions, *args, **kwargs)
+
+    monkeypatch.setattr(KvRegions, "sequence_rows", taking_rows)
+    served = Served(receiver)
+    assert sender.send(SENT, receiver.address, RECEIVED).status == "sent"
+    assert len(served.wait()) == 1
+    order = [m["type"] for m in sent]
+    assert order.count("receiver's rows") == 1
+    assert order.index("accept") < order.index("pong") < order.index("receiver's rows") < order.index("done")
+    assert np.array_equal(b.sequence_bytes(RECEIVED).numpy(), expected.numpy())
+    receiver.close()
+    sender.close()
+
+
 @pytest.mark.parametrize("staging", [(0, 0), (STAGED, STAGED), (SMALL, SMALL)])
 def test_a_prefix_the_receiver_holds_does_not_travel(endpoints, staging):
     a, b = pool("elastic", seed=1), pool("row_space", seed=2)
