@@ -35,6 +35,7 @@ import gc
 import json
 import statistics
 import time
+from typing import List, NamedTuple
 
 import torch
 
@@ -113,6 +114,17 @@ def pinned_copy_gbps(nbytes: int, device, to_device: bool, repeats: int, host=No
     return nbytes / statistics.median(seconds) / 1e9
 
 
+def load_first_chunk(mgr, kv, loader, prompt) -> int:
+    """The load bench_tiers times: ``loader.admit`` of ``prompt`` (find, copy, write the rows, verify:
+    it waits for the copy), then the first chunk staged, as an engine's step does; the cached tokens."""
+    cached = loader.admit(mgr, 1, prompt)
+    mgr.ensure_for_tokens([1], [min(CHUNK, len(prompt) - cached)])
+    mgr.stage([1])
+    if kv.planes:
+        apply_row_copies(list(kv.planes), mgr.row_copies, mgr.row_copy_counts)
+    return cached
+
+
 def time_load(plan, kv, backends, staging: int, prompt, device, repeats: int):
     """A fresh manager's admission of ``prompt`` through the tiers until its rows are written, and
     its first chunk staged: (seconds, host seconds, cached tokens, bytes loaded), the medians of
@@ -126,11 +138,7 @@ def time_load(plan, kv, backends, staging: int, prompt, device, repeats: int):
         with quiet():
             sync(device)
             t0 = time.perf_counter()
-            cached = loader.admit(mgr, 1, prompt)  # find, copy, write the rows, verify (waits for the copy)
-            mgr.ensure_for_tokens([1], [min(CHUNK, len(prompt) - cached)])  # the first chunk, staged
-            mgr.stage([1])
-            if kv.planes:
-                apply_row_copies(list(kv.planes), mgr.row_copies, mgr.row_copy_counts)
+            cached = load_first_chunk(mgr, kv, loader, prompt)
             host = time.perf_counter() - t0
             sync(device)
             if run:
@@ -161,17 +169,33 @@ def decode_steps_ms(device, steps: int) -> float:
     return start.elapsed_time(end) / steps
 
 
-def run_prefix(prefix: int, device, steps: int, repeats: int) -> dict:
+class Saved(NamedTuple):
+    """A prefix prefilled with a TierCache saving every published block into a HostTier."""
+    plan: object
+    kv: object
+    tokens: List[int]
+    staging: int       # staging bytes: the whole prefix's objects (it bounds a load's length)
+    tier_bytes: int    # a tier's capacity: three times that
+    saver: TierCache
+    mgr: KvManager     # the manager that prefilled it (the sequence is 0)
+    events: list       # the KV events of the prefill
+    save_host_s: float  # the host time of the prefill's save() calls
+
+
+def saved_prefix(prefix: int, device) -> Saved:
     plan, kv = setup(prefix, device)
     tokens = torch.randint(0, 100000, (prefix + 1,), generator=torch.Generator().manual_seed(prefix)).tolist()
     sizes = ObjectLayout(plan)
-    tier_bytes = 3 * (prefix // BS + 2) * (sizes.object_bytes(0) + sizes.object_bytes(1))
-    # Staging as large as the whole prefix's objects: it bounds a load's length.
     staging = (prefix // BS + 2) * (sizes.object_bytes(0) + sizes.object_bytes(1))
-    saver = TierCache(plan, kv, [HostTier(tier_bytes)], staging_bytes=staging)
+    saver = TierCache(plan, kv, [HostTier(3 * staging)], staging_bytes=staging)
     timings = dict(save_host_s=0.0)
     mgr = KvManager(plan, device=device if device.type == "cuda" else None)
     events = prefill(mgr, kv, saver, 0, tokens, timings)
+    return Saved(plan, kv, tokens, staging, 3 * staging, saver, mgr, events, timings["save_host_s"])
+
+
+def run_prefix(prefix: int, device, steps: int, repeats: int) -> dict:
+    plan, kv, tokens, staging, tier_bytes, saver, mgr, events, save_host_s = saved_prefix(prefix, device)
     # The whole prefix saved again, into an empty tier: saves back to back. Once unmeasured first, as an
     # engine's steady state is: the first save of a process also pays for the device and pinned memory
     # its buffers take from the driver (on an H100 host about half the save's time).
@@ -216,7 +240,7 @@ def run_prefix(prefix: int, device, steps: int, repeats: int) -> dict:
         "pinned_h2d_gbps": round(pinned_copy_gbps(load_bytes, device, True, repeats), 3),
         "arena_d2h_gbps": round(pinned_copy_gbps(save_bytes, device, False, repeats, host=save_arena), 3),
         "arena_h2d_gbps": round(pinned_copy_gbps(load_bytes, device, True, repeats, host=load_arena), 3),
-        "host_us_per_block_saved": round(timings["save_host_s"] / blocks * 1e6, 1),
+        "host_us_per_block_saved": round(save_host_s / blocks * 1e6, 1),
         "host_us_per_block_loaded": round(load_host_s / max(1, cached // BS) * 1e6, 1),
         "decode_step_ms": round(alone, 4), "decode_step_ms_saves_in_flight": round(in_flight, 4),
         "decode_slowdown": round(in_flight / alone - 1, 4),

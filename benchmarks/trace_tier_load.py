@@ -29,13 +29,13 @@ import time
 import torch
 
 import bench_tiers
-from ukv_torch import KvManager, apply_row_copies
+from ukv_torch import KvManager
 from ukv_torch.manager.kv_manager import token_tensor
-from ukv_torch.tiers import HostTier, ObjectLayout, TierCache
+from ukv_torch.tiers import ObjectLayout, TierCache
 from ukv_torch.tiers.fetch import ObjectFetch
 
 #: the steps stamped: (class, method)
-STEPS = [(TierCache, "_span"), (TierCache, "_read_held"), (ObjectFetch, "read_tail"), (ObjectFetch, "start_verify"),
+STEPS = [(TierCache, "admit"), (TierCache, "_span"), (TierCache, "_read_held"), (ObjectFetch, "read_tail"), (ObjectFetch, "start_verify"),
          (KvManager, "allocate"), (TierCache, "_write_rows"), (ObjectLayout, "scatter"),
          (ObjectFetch, "finish_verify"), (TierCache, "_took"), (ObjectFetch, "close")]
 
@@ -87,12 +87,7 @@ def load_once(plan, kv, loader, prompt, device, stamps, landed):
         if cuda:
             start.record(loader.load_stream)  # idle: it runs as admit starts
         t0 = time.perf_counter()
-        cached = loader.admit(mgr, 1, prompt)
-        stamps.append(("admit", "returned", time.perf_counter()))
-        mgr.ensure_for_tokens([1], [min(bench_tiers.CHUNK, len(prompt) - cached)])
-        mgr.stage([1])
-        if kv.planes:
-            apply_row_copies(list(kv.planes), mgr.row_copies, mgr.row_copy_counts)
+        bench_tiers.load_first_chunk(mgr, kv, loader, prompt)
         stamps.append(("first chunk", "staged", time.perf_counter()))
         bench_tiers.sync(device)
         stamps.append(("device", "synchronized", time.perf_counter()))
@@ -116,16 +111,10 @@ def main():
     if args.repeats < 1 or args.prefix < 2 * bench_tiers.BS:
         ap.error(f"--repeats must be >= 1 and --prefix >= {2 * bench_tiers.BS}")
     device = torch.device(args.device)
-    plan, kv = bench_tiers.setup(args.prefix, device)
-    tokens = torch.randint(0, 100000, (args.prefix + 1,), generator=torch.Generator().manual_seed(args.prefix)).tolist()
-    sizes = ObjectLayout(plan)
-    pair = sizes.object_bytes(0) + sizes.object_bytes(1)
-    staging = (args.prefix // bench_tiers.BS + 2) * pair
-    saver = TierCache(plan, kv, [HostTier(3 * staging)], staging_bytes=staging)
-    mgr = KvManager(plan, device=device if device.type == "cuda" else None)
-    bench_tiers.prefill(mgr, kv, saver, 0, tokens, dict(save_host_s=0.0))
-    loader = TierCache(plan, kv, saver.backends, staging_bytes=staging)
-    prompt = token_tensor(tokens)
+    saved = bench_tiers.saved_prefix(args.prefix, device)
+    plan, kv = saved.plan, saved.kv
+    loader = TierCache(plan, kv, saved.saver.backends, staging_bytes=saved.staging)
+    prompt = token_tensor(saved.tokens)
     stamps, landed, runs = [], [], collections.defaultdict(list)
     with stamped(stamps, device.type == "cuda", landed):
         for run in range(2 + args.repeats):
