@@ -59,9 +59,15 @@ class KvRegions:
         self.device = self._layer_sources[0][0].device
         # What addressing a layer's runs needs and the plan fixes: each tensor's base, and the
         # (row bytes, pitch) shape that layers of one class share, so their runs are derived once.
-        self._bases = [np.array([t.data_ptr() for t in sources], dtype=np.int64) for sources in self._layer_sources]
-        self._shapes = [tuple((t.shape[1] * t.element_size(), t.stride(0) * t.element_size()) for t in sources)
-                        for sources in self._layer_sources]
+        shapes = [tuple((t.shape[1] * t.element_size(), t.stride(0) * t.element_size()) for t in sources)
+                  for sources in self._layer_sources]
+        ratios = self.plan.model.layer_ratios
+        #: per class (compress ratio, shapes), its layers and their tensors' bases [layers, tensors]
+        self._classes = {}
+        for index, sources in enumerate(self._layer_sources):
+            self._classes.setdefault((ratios[index], shapes[index]), []).append(index)
+        self._class_bases = {key: np.array([[t.data_ptr() for t in self._layer_sources[i]] for i in layers],
+                                           dtype=np.int64) for key, layers in self._classes.items()}
 
     def memory(self) -> List[Tuple[int, int]]:
         """The distinct allocations holding the KV tensors, as (address,
@@ -95,17 +101,26 @@ class KvRegions:
     def runs(self, export: SequenceExport, skip_below: int = 0) -> Runs:
         """The sequence's rows in this process: (buffer offset, address, bytes),
         leaving out positions and blocks below ``skip_below`` (a prefix the
-        receiver already holds). ``export`` is this side's describe_sequence."""
+        receiver already holds). ``export`` is this side's describe_sequence.
+        Each class's runs are derived once and placed for all its layers in a
+        few array operations (one stack per layer took ~0.8 ms of a 32K-token
+        V4-Pro sequence's 61 layers, x86 VM, most of a receiver's answer)."""
         layers = _layers(self.plan, self.kv, export.num_computed, export.swa_begin)
-        per_class = {}
-        parts = []
-        for index, layer in enumerate(layers):
-            shape = (layer.ratio, self._shapes[index])
-            if shape not in per_class:
-                per_class[shape] = _template(_layer_runs(self.plan, layer, export, skip_below), self._shapes[index])
-            tensor, offset, start, size = per_class[shape]
-            parts.append(np.stack([layer.offset + offset, self._bases[index][tensor] + start, size], axis=1))
-        return np.concatenate(parts) if parts else np.zeros((0, 3), dtype=np.int64)
+        offsets = np.array([layer.offset for layer in layers], dtype=np.int64)
+        templates = {key: _template(_layer_runs(self.plan, layers[indices[0]], export, skip_below), key[1])
+                     for key, indices in self._classes.items()}
+        counts = np.zeros(len(layers), dtype=np.int64)
+        for key, indices in self._classes.items():
+            counts[indices] = len(templates[key][0])
+        starts = np.cumsum(counts) - counts  # each layer's first run: the runs go layer after layer
+        out = np.empty((int(counts.sum()), 3), dtype=np.int64)
+        for key, indices in self._classes.items():
+            tensor, offset, start, size = templates[key]
+            at = starts[indices][:, None] + np.arange(len(offset))
+            out[at, 0] = offsets[indices][:, None] + offset
+            out[at, 1] = self._class_bases[key][:, tensor] + start
+            out[at, 2] = size
+        return out
 
 
 def _template(runs: np.ndarray, shapes) -> Tuple[np.ndarray, ...]:
