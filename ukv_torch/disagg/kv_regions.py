@@ -61,6 +61,11 @@ class KvRegions:
         # (row bytes, pitch) shape that layers of one class share, so their runs are derived once.
         shapes = [tuple((t.shape[1] * t.element_size(), t.stride(0) * t.element_size()) for t in sources)
                   for sources in self._layer_sources]
+        config = plan.config
+        geometry = [config.block_size, config.window, *config.compress_ratios, -1, *plan.model.layer_ratios, -1]
+        for sources in self._layer_sources:
+            geometry += [t.shape[1] * t.element_size() for t in sources] + [-1]
+        self._geometry = tuple(geometry)
         ratios = self.plan.model.layer_ratios
         #: per class (compress ratio, shapes), its layers and their tensors' bases [layers, tensors]
         self._classes = {}
@@ -82,12 +87,9 @@ class KvRegions:
     def geometry(self) -> List[int]:
         """What both sides must agree on for the buffer's offsets to mean the
         same rows: the configuration's block_size, window and compress ratios,
-        the layers' ratios and every tensor's row bytes."""
-        config = self.plan.config
-        shape = [config.block_size, config.window, *config.compress_ratios, -1, *self.plan.model.layer_ratios, -1]
-        for sources in self._layer_sources:
-            shape += [t.shape[1] * t.element_size() for t in sources] + [-1]
-        return shape
+        the layers' ratios and every tensor's row bytes (fixed by the tensors:
+        derived once, as each offer carries and checks it)."""
+        return list(self._geometry)
 
     def layer_bounds(self, export: SequenceExport) -> np.ndarray:
         """Where each layer of the sequence's buffer starts, and its end: int64 [layers + 1]."""
