@@ -25,7 +25,7 @@ from ..plan.records import KvPlan
 from ..manager.kv_manager import KvManager
 from ..plan.unified_kv import UnifiedKv, check_plan_tensors
 from ..tiers.staging import host_bytes
-from ..transfer import SequenceExport, SequenceRows, _layer_runs, _layers
+from ..transfer import SequenceExport, SequenceRows, _layer_runs, _layer_shapes, _layers
 
 #: a run list: int64 [n, 3] of (buffer offset, address, bytes), sorted by offset
 Runs = np.ndarray
@@ -49,7 +49,8 @@ class KvRegions:
     def __init__(self, plan: KvPlan, kv: UnifiedKv):
         check_plan_tensors(plan, kv)
         self.plan, self.kv = plan, kv
-        self._layer_sources = [layer.sources for layer in _layers(plan, kv, 0, 0)]
+        self._layer_shapes = _layer_shapes(plan, kv)  # what each transfer's layer bounds derive from
+        self._layer_sources = [layer.sources for layer in _layers(plan, kv, 0, 0, self._layer_shapes)]
         for layer, sources in enumerate(self._layer_sources):
             for t in sources:
                 if t.dim() != 2 or t.stride(1) != 1:
@@ -93,12 +94,13 @@ class KvRegions:
 
     def layer_bounds(self, export: SequenceExport) -> np.ndarray:
         """Where each layer of the sequence's buffer starts, and its end: int64 [layers + 1]."""
-        layers = _layers(self.plan, self.kv, export.num_computed, export.swa_begin)
+        layers = _layers(self.plan, self.kv, export.num_computed, export.swa_begin, self._layer_shapes)
         return np.cumsum([0] + [layer.nbytes for layer in layers], dtype=np.int64)
 
     def sequence_rows(self, export: SequenceExport, manager: KvManager, skip_below: int = 0) -> SequenceRows:
         """The sequence's rows here for gathering or scattering pieces (SequenceRows)."""
-        return SequenceRows.of_checked_tensors(self.plan, self.kv, export, manager=manager, skip_below=skip_below)
+        return SequenceRows.of_checked_tensors(self.plan, self.kv, export, manager=manager, skip_below=skip_below,
+                                               shapes=self._layer_shapes)
 
     def runs(self, export: SequenceExport, skip_below: int = 0) -> Runs:
         """The sequence's rows in this process: (buffer offset, address, bytes),
@@ -107,7 +109,7 @@ class KvRegions:
         Each class's runs are derived once and placed for all its layers in a
         few array operations (one stack per layer took ~0.8 ms of a 32K-token
         V4-Pro sequence's 61 layers, x86 VM, most of a receiver's answer)."""
-        layers = _layers(self.plan, self.kv, export.num_computed, export.swa_begin)
+        layers = _layers(self.plan, self.kv, export.num_computed, export.swa_begin, self._layer_shapes)
         offsets = np.array([layer.offset for layer in layers], dtype=np.int64)
         templates = {key: _template(_layer_runs(self.plan, layers[indices[0]], export, skip_below), key[1])
                      for key, indices in self._classes.items()}
