@@ -11,7 +11,7 @@ floor: a pinned copy of the same bytes to the GPU, in the same run.
 The steps: the span (the HBM hit and the manager's bound: two can_allocate),
 the reads (each read's copies queued, then landed on the GPU), the tail's
 read, the verification queued, the claim (allocate), the rows' writes (each
-scatter call: its run lists, uploads and copy calls), the verification's
+scatter: its run lists, their upload, and each copy call), the verification's
 answer, the bookkeeping of the loaded objects, the staging given back, and the
 first chunk staged.
 A load is at the copy's speed when the host's steps end before the last copy
@@ -32,12 +32,15 @@ import bench_tiers
 from ukv_torch import KvManager
 from ukv_torch.manager.kv_manager import token_tensor
 from ukv_torch.tiers import ObjectLayout, TierCache
+from ukv_torch.tiers import objects
 from ukv_torch.tiers.fetch import ObjectFetch
 
-#: the steps stamped: (class, method)
-STEPS = [(TierCache, "admit"), (TierCache, "_span"), (TierCache, "_read_held"), (ObjectFetch, "read_tail"), (ObjectFetch, "start_verify"),
-         (KvManager, "allocate"), (TierCache, "_write_rows"), (ObjectLayout, "scatter"),
-         (ObjectFetch, "finish_verify"), (TierCache, "_took"), (ObjectFetch, "close")]
+#: the steps stamped: (class or module, function); a scatter's run lists (per compress ratio), their
+#: upload and each of its copy calls are stamped too
+STEPS = [(TierCache, "admit"), (TierCache, "_span"), (TierCache, "_read_held"), (ObjectFetch, "read_tail"),
+         (ObjectFetch, "start_verify"), (KvManager, "allocate"), (TierCache, "_write_rows"), (ObjectLayout, "scatter"),
+         (ObjectLayout, "_block_runs"), (ObjectLayout, "_tail_runs"), (ObjectLayout, "_upload_runs"),
+         (objects, "scatter_rows"), (ObjectFetch, "finish_verify"), (TierCache, "_took"), (ObjectFetch, "close")]
 
 
 @contextlib.contextmanager
