@@ -82,20 +82,6 @@ def test_a_load_reads_pieces_that_double_and_none_past_the_manager_s_bound(first
     assert reads == doubling_pieces(first_piece, largest, bound)
 
 
-@pytest.mark.parametrize("landed, count, early", [
-    ([4, 36, 68, 100], 100, 68),   # the last read's blocks go in the second write
-    ([4, 36, 68, 100], 70, 36),    # a load ending inside a read: at least a tenth (7) left for the second
-    ([4, 36], 36, 4),
-    ([4], 4, 0),                   # one read: one write
-    ([1, 2, 3, 4, 5], 5, 4),
-    ([], 9, 0)])                   # no events (the CPU): one write
-def test_a_load_writes_its_earlier_reads_first_and_leaves_a_tenth_for_the_last(landed, count, early):
-    """landed_before_last: the furthest end of a read at or before count - max(1, count // 10)."""
-    fetch = ObjectFetch.__new__(ObjectFetch)
-    fetch._landing = [(blocks, None) for blocks in landed]
-    assert fetch.landed_before_last(count) == early
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("saver, loader", [("static", "row_space"), ("row_space", "elastic")])
 def test_any_layout_restores_the_rows_another_saved_on_the_gpu(saver, loader):

@@ -58,9 +58,9 @@ _STAGING_OBJECTS = 64  # default staging: at least this many objects of the larg
 # keys' host work; the rest are chained, looked up and read in pieces that double up to
 # _LOAD_PIECE_BLOCKS while the earlier ones are copied (chaining a 32K-token prompt's keys first delayed
 # the copies by ~0.9 ms of an H100 host; a 32-block read right after the first 4 blocks left the device
-# idle for its host time). Every block is read before the admission, so the rows are written in two
-# calls behind the device's waits for the copies (_write_rows): a write costs ~0.45 ms of host time
-# whatever its length, and writes of 64 blocks each, all made after the reads, left ~1.4 ms more host
+# idle for its host time). Every block is read before the admission, so the rows are written in one call
+# behind the device's wait for the copies (_write_rows): a write costs host time whatever its length
+# (~0.2 ms, H100 host), and writes of 64 blocks each, all made after the reads, left ~1.4 ms more host
 # work after the last copy of a 32K-token load (H200 trace).
 _FIRST_LOAD_PIECE_BLOCKS, _LOAD_PIECE_BLOCKS = 4, 32
 _TAIL_BATCH = 8  # tail objects looked up at once, from the load's furthest end down
@@ -489,11 +489,11 @@ class TierCache:
         """Write blocks [first, end)'s objects, with the tail, into the rows the sequence was
         just given, on the write stream (the step's stream then waits for it), after the row
         copies its admission made, behind the device's wait for their copies (no host wait).
-        The blocks go in two calls (``ObjectFetch.landed_before_last``): those of the reads
-        that end at least a tenth of the blocks before the last are written while the rest
-        are still copied, so the write left after the last copy is short (a write's host
-        time, ~0.45 ms on an H200 host whatever its length, allows no more calls). Each
-        call's run lists are uploaded before its wait for the copies."""
+        The blocks go in one call, then the tail: a write's uploads (its run lists, the
+        admission's tables) queue behind the load's copies on the device's copy engine, so
+        a write of the blocks read first ran after the last copy all the same (H100 trace),
+        and each call costs ~0.2 ms of host time. Each call's run lists are uploaded before
+        its wait for the copies."""
         first, planes, count = fetch.first, getattr(self.kv, "planes", ()), end - fetch.first
         writes = self.write_stream
         try:
@@ -506,11 +506,8 @@ class TierCache:
                 where = torch.stack([t[first:end] for t in tables], dim=1)
                 units = mgr.staged_swa_table(seq_id)[(end - 1) * self._ppb: end * self._ppb].view(1, -1)
                 offsets = fetch.offsets(end)
-                early = fetch.landed_before_last(count)
-                for lo, hi in ((0, early), (early, count)):
-                    if hi > lo:
-                        self.layout.scatter(BLOCK, where[lo:hi], fetch.source, offsets[lo:hi],
-                                            ready=functools.partial(fetch.wait, writes, hi))
+                self.layout.scatter(BLOCK, where, fetch.source, offsets[:-1],
+                                    ready=functools.partial(fetch.wait, writes, count))
                 self.layout.scatter(TAIL, units, fetch.source, offsets[-1:],
                                     ready=functools.partial(fetch.wait, writes, count, tail=True))
                 if writes is not None:

@@ -4,8 +4,8 @@ The block objects that continue an HBM hit are read piece by piece as their
 keys are found, each piece's host-to-device copies started as soon as it is
 read, so the copies start early and run while the host reads on and admits
 the sequence. Each read's copies record an event: the rows are written from
-a group of blocks behind the device's wait for that event, with no host
-wait, while later reads are still copied.
+the blocks behind the device's wait for the event of the read that holds
+the last of them, with no host wait.
 """
 from __future__ import annotations
 
@@ -123,14 +123,6 @@ class ObjectFetch:
             return
         event = next(e for blocks, e in self._landing if blocks >= count)
         stream.wait_event(event)
-
-    def landed_before_last(self, count: int) -> int:
-        """How many of the first ``count`` blocks arrive with an earlier read than the last
-        one among them, leaving the last at least a tenth of them (a write of the rest
-        then runs while that read is copied, which takes ~9x as long as the write); 0
-        where no read ends there (one write, as on the CPU)."""
-        ends = [blocks for blocks, _ in self._landing if blocks <= count - max(1, count // 10)]
-        return ends[-1] if ends else 0
 
     def _read(self, names: List[str], size: int, offsets: List[int]) -> List[Optional[_Read]]:
         """Each object from the first backend that holds it whole (``size`` bytes), its copy to
