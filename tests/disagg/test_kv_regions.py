@@ -64,9 +64,8 @@ def memory_bytes(pool, address: int, size: int) -> bytes:
 def test_a_sequence_s_runs_name_the_bytes_gather_sequence_puts_at_their_offsets(layout, page, skip_below):
     """Every run (offset, address, bytes) of KvRegions.runs holds the bytes that
     gather_sequence (the in-process path) puts at its buffer offsets; the runs
-    follow each other in offset order, and with skip_below they hold every byte
-    but those of positions and blocks below it (what transfer_bytes counts for
-    the same sequence without them, checked by the total here)."""
+    follow each other in offset order without overlapping, and hold every byte
+    of the buffer, or fewer with skip_below (a prefix the receiver holds)."""
     p = pool(layout, page=page, seed=3)
     prefill(p, 1, prompt(200, seed=1))   # another sequence first: the second one's rows are not the first rows
     prefill(p, 2, prompt(700, seed=2))
