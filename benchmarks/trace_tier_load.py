@@ -9,7 +9,8 @@ start: medians of --repeats runs after two unmeasured ones. Beside them, the
 floor: a pinned copy of the same bytes to the GPU, in the same run.
 
 The steps: the span (the HBM hit and the manager's bound: two can_allocate),
-the reads (each read's copies queued, then landed on the GPU), the tail's
+the fetch's setup, the reads (each one's lookup, its copy plan, its copies
+queued, then landed on the GPU), the tail's
 read, the verification queued, the claim (allocate), the rows' writes (each
 scatter: its run lists, their upload, and each copy call), the verification's
 answer, the bookkeeping of the loaded objects, the staging given back, and the
@@ -32,12 +33,14 @@ import bench_tiers
 from ukv_torch import KvManager
 from ukv_torch.manager.kv_manager import token_tensor
 from ukv_torch.tiers import ObjectLayout, TierCache
-from ukv_torch.tiers import objects
+from ukv_torch.tiers import fetch, objects
 from ukv_torch.tiers.fetch import ObjectFetch
 
-#: the steps stamped: (class or module, function); a scatter's run lists (per compress ratio), their
-#: upload and each of its copy calls are stamped too
-STEPS = [(TierCache, "admit"), (TierCache, "_span"), (TierCache, "_read_held"), (ObjectFetch, "read_tail"),
+#: the steps stamped: (class or module, function); within the reads, the fetch's setup, each lookup and
+#: each read's copy plan (its copies are queued between that and "copies queued"); within a scatter, its
+#: run lists (per compress ratio), their upload and each copy call
+STEPS = [(TierCache, "admit"), (TierCache, "_span"), (ObjectFetch, "__init__"), (TierCache, "_read_held"),
+         (TierCache, "_present"), (fetch, "merged_copies"), (ObjectFetch, "read_tail"),
          (ObjectFetch, "start_verify"), (KvManager, "allocate"), (TierCache, "_write_rows"), (ObjectLayout, "scatter"),
          (ObjectLayout, "_block_runs"), (ObjectLayout, "_tail_runs"), (ObjectLayout, "_upload_runs"),
          (objects, "scatter_rows"), (ObjectFetch, "finish_verify"), (TierCache, "_took"), (ObjectFetch, "close")]
