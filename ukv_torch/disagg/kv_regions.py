@@ -62,16 +62,15 @@ class KvRegions:
         # (row bytes, pitch) shape that layers of one class share, so their runs are derived once.
         shapes = [tuple((t.shape[1] * t.element_size(), t.stride(0) * t.element_size()) for t in sources)
                   for sources in self._layer_sources]
-        config = plan.config
-        geometry = [config.block_size, config.window, *config.compress_ratios, -1, *plan.model.layer_ratios, -1]
-        for sources in self._layer_sources:
-            geometry += [t.shape[1] * t.element_size() for t in sources] + [-1]
+        config, ratios = plan.config, plan.model.layer_ratios
+        geometry = [config.block_size, config.window, *config.compress_ratios, -1, *ratios, -1]
+        for shape in shapes:
+            geometry += [row_bytes for row_bytes, _ in shape] + [-1]
         self._geometry = tuple(geometry)
-        ratios = self.plan.model.layer_ratios
         #: per class (compress ratio, shapes), its layers and their tensors' bases [layers, tensors]
         self._classes = {}
-        for index, sources in enumerate(self._layer_sources):
-            self._classes.setdefault((ratios[index], shapes[index]), []).append(index)
+        for index, shape in enumerate(shapes):
+            self._classes.setdefault((ratios[index], shape), []).append(index)
         self._class_bases = {key: np.array([[t.data_ptr() for t in self._layer_sources[i]] for i in layers],
                                            dtype=np.int64) for key, layers in self._classes.items()}
 
