@@ -22,11 +22,10 @@ import argparse
 import statistics
 import time
 
-import numpy as np
-
 import bench_disagg
 from ukv_torch.disagg import receiver as receiving
 from ukv_torch.disagg.kv_regions import PIECE_BYTES, KvRegions, Staging
+from ukv_torch.disagg.sender import offer_message
 
 
 def main():
@@ -48,9 +47,7 @@ def main():
         t0 = time.perf_counter()
         export = mgr.describe_sequence(1)
         bounds = regions.layer_bounds(export)
-        offer = dict(type="offer", xfer=str(run), seq_id=5, tokens=export.tokens.numpy().astype(np.int32).tobytes(),
-                     num_computed=export.num_computed, salt=export.salt, config=export.config.encode(),
-                     geometry=regions.geometry(), nbytes=int(bounds[-1]), piece_bytes=PIECE_BYTES)
+        offer = offer_message(regions, export, bounds, str(run), 5, PIECE_BYTES)
         t1 = time.perf_counter()
         regions.sequence_rows(export, mgr)
         t2 = time.perf_counter()

@@ -62,6 +62,17 @@ class SendResult(NamedTuple):
     host_seconds: float = 0.0   # describing, checking, joining and gathering the rows here (no waiting)
 
 
+def offer_message(regions: KvRegions, export: SequenceExport, bounds: np.ndarray, xfer: str, seq_id: int,
+                  piece_bytes: int) -> dict:
+    """The offer of transfer ``xfer``: what a receiver admits the sequence from (its tokens,
+    computed count, salt and configuration, under ``seq_id`` there), what it checks
+    (the geometry, the buffer's bytes from the layer ``bounds``), and the most bytes of a
+    piece this side takes."""
+    return dict(type="offer", xfer=xfer, seq_id=seq_id, tokens=export.tokens.numpy().astype(np.int32).tobytes(),
+                num_computed=export.num_computed, salt=export.salt, config=export.config.encode(),
+                geometry=regions.geometry(), nbytes=int(bounds[-1]), piece_bytes=piece_bytes)
+
+
 class KvSender:
     """Sends sequences of ``mgr`` (KV tensors ``kv`` of ``plan``) to receivers
     (see the module docstring)."""
@@ -103,10 +114,8 @@ class KvSender:
         limit = PIECE_BYTES
         if self._staging.holds(largest):
             limit = min(limit, self._staging.capacity)
-        offer = dict(type="offer", xfer=xfer, seq_id=seq_id if receiver_seq_id is None else receiver_seq_id,
-                     tokens=export.tokens.numpy().astype(np.int32).tobytes(), num_computed=export.num_computed,
-                     salt=export.salt, config=export.config.encode(), geometry=self.regions.geometry(),
-                     nbytes=int(bounds[-1]), piece_bytes=limit)
+        offer = offer_message(self.regions, export, bounds, xfer,
+                              seq_id if receiver_seq_id is None else receiver_seq_id, limit)
         host = time.perf_counter() - started
         try:
             channel = self._channel(receiver)
