@@ -4,8 +4,10 @@ A fresh manager admits a prefix a host tier holds (bench_tiers.py's model,
 layout and prefill) through TierCache.admit, then stages its first chunk, as
 the benchmark's load does. This stamps on the host when each step of the load
 starts and ends (perf_counter), and on the GPU when each read's copies landed
-(timing events in place of the load's own), in microseconds from admit's
-start: medians of --repeats runs after two unmeasured ones. Beside them, the
+(timing events in place of the load's own) and when the device work each
+of DEVICE_STEPS queued was done (a timing event recorded after the call, on
+the stream it queued on), in microseconds from admit's start: medians of
+--repeats runs after two unmeasured ones. Beside them, the
 floor: a pinned copy of the same bytes to the GPU, in the same run.
 
 The steps: the span (the HBM hit and the manager's bound: two can_allocate),
@@ -33,25 +35,30 @@ import bench_tiers
 from ukv_torch import KvManager
 from ukv_torch.manager.kv_manager import token_tensor
 from ukv_torch.tiers import ObjectLayout, TierCache
-from ukv_torch.tiers import fetch, objects
+from ukv_torch.tiers import cache, fetch, objects
 from ukv_torch.tiers.fetch import ObjectFetch
 
 #: the steps stamped: (class or module, function); within the reads, the fetch's setup, each lookup and
 #: each read's copy plan (its copies are queued between that and "copies queued"); within a scatter, its
 #: run lists (per compress ratio), their upload and each copy call
-STEPS = [(TierCache, "admit"), (TierCache, "_span"), (ObjectFetch, "__init__"), (TierCache, "_read_held"),
-         (TierCache, "_present"), (fetch, "merged_copies"), (ObjectFetch, "read_tail"),
+STEPS = [(TierCache, "admit"), (TierCache, "_span"), (KvManager, "can_allocate"), (ObjectFetch, "__init__"),
+         (TierCache, "_read_held"), (TierCache, "_present"), (fetch, "merged_copies"), (ObjectFetch, "read_tail"),
          (ObjectFetch, "start_verify"), (KvManager, "allocate"), (TierCache, "_write_rows"), (ObjectLayout, "scatter"),
          (ObjectLayout, "_block_runs"), (ObjectLayout, "_tail_runs"), (ObjectLayout, "_upload_runs"),
          (objects, "scatter_rows"), (ObjectFetch, "finish_verify"), (TierCache, "_took"), (ObjectFetch, "close")]
+#: the steps whose device work is stamped too: the verification, the run lists' and the tables' uploads, the
+#: write stream's wait for the copies, the admission's row copies and each scatter call
+DEVICE_STEPS = [(ObjectLayout, "verify"), (ObjectLayout, "_upload_runs"), (KvManager, "upload"), (ObjectFetch, "wait"),
+                (cache, "apply_row_copies"), (objects, "scatter_rows")]
 
 
 @contextlib.contextmanager
 def stamped(stamps: list, cuda: bool, landed: list):
     """Within it, each step's calls append (name, "starts", t) and (name, "ends", t) to
-    ``stamps``; on CUDA each read's landing event is a timing one, kept in ``landed``."""
-    originals = [(cls, name, cls.__dict__[name]) for cls, name in STEPS]
-    originals.append((ObjectFetch, "_recorded", ObjectFetch.__dict__["_recorded"]))
+    ``stamps``; on CUDA each read's landing event is a timing one, kept in ``landed`` as
+    ("read", event), and each of DEVICE_STEPS records one after its call, kept as (name, event)."""
+    every = dict.fromkeys(STEPS + DEVICE_STEPS + [(ObjectFetch, "_recorded")])
+    originals = [(cls, name, cls.__dict__[name]) for cls, name in every]
 
     def wrapped(name, method):
         def call(*args, **kwargs):
@@ -62,17 +69,29 @@ def stamped(stamps: list, cuda: bool, landed: list):
                 stamps.append((name, "ends", time.perf_counter()))
         return call
 
+    def on_device(name, method):
+        def call(*args, **kwargs):
+            try:
+                return method(*args, **kwargs)
+            finally:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()  # on the stream the call queued on (the current one)
+                landed.append((name, event))
+        return call
+
     def timed_event():
         event = torch.cuda.Event(enable_timing=True)
         event.record()
-        landed.append(event)
+        landed.append(("read", event))
         stamps.append(("read", "copies queued", time.perf_counter()))
         return event
 
     try:
-        for cls, name, method in originals[:-1]:
-            setattr(cls, name, wrapped(name, method))
+        for cls, name in STEPS:
+            setattr(cls, name, wrapped(name, cls.__dict__[name]))
         if cuda:
+            for cls, name in DEVICE_STEPS:
+                setattr(cls, name, on_device(name, cls.__dict__[name]))
             ObjectFetch._recorded = staticmethod(timed_event)
         yield
     finally:
@@ -95,6 +114,10 @@ def load_once(plan, kv, loader, prompt, device, stamps, landed):
         t0 = time.perf_counter()
         bench_tiers.load_first_chunk(mgr, kv, loader, prompt)
         stamps.append(("first chunk", "staged", time.perf_counter()))
+        if cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            landed.append(("first chunk", end))
         bench_tiers.sync(device)
         stamps.append(("device", "synchronized", time.perf_counter()))
     seen = collections.Counter()
@@ -102,8 +125,11 @@ def load_once(plan, kv, loader, prompt, device, stamps, landed):
     for name, edge, t in stamps:
         seen[name, edge] += 1
         steps[f"{name} #{seen[name, edge]} {edge}"] = (t - t0) * 1e6
-    for i, event in enumerate(landed):
-        steps[f"GPU: read {i + 1}'s copies landed"] = start.elapsed_time(event) * 1e3
+    done = collections.Counter()
+    for name, event in landed:
+        done[name] += 1
+        what = f"read {done[name]}'s copies landed" if name == "read" else f"{name} #{done[name]} done"
+        steps[f"GPU: {what}"] = start.elapsed_time(event) * 1e3
     mgr.deallocate([1])
     return steps
 
